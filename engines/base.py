@@ -1,0 +1,191 @@
+"""The engine protocol, the shapes that cross it, and the lazy engine registry.
+
+An engine turns one request into a stream of token-id chunks. It never reads the clock,
+never computes a latency and never renders a table: the runner times every chunk it yields.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from workloads.base import Request
+
+__all__ = ["Request"]  # re-exported: engines see requests through this module
+
+
+class EngineError(Exception):
+    """A configuration or start-up problem the user can fix (printed as one line, exit 2)."""
+
+
+class UnsupportedError(EngineError):
+    """The engine cannot run this cell (e.g. assisted generation at batch size > 1)."""
+
+
+@dataclass(frozen=True)
+class GenParams:
+    """Generation parameters shared by every engine; each adapter translates them."""
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    ignore_eos: bool = False
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What an engine yields while streaming: newly produced output tokens.
+
+    ``token_ids`` holds the ids when the engine knows them; ``num_tokens`` overrides the count
+    when it does not (an HTTP server that returns text only). A chunk with zero tokens carries
+    only metadata (``prompt_tokens``, ``usage_output_tokens``, ``finish_reason``) and is not timed
+    as a token arrival.
+    """
+
+    token_ids: tuple[int, ...] = ()
+    num_tokens: int | None = None
+    prompt_tokens: int | None = None
+    usage_output_tokens: int | None = None
+    finish_reason: str | None = None
+    text: str = ""
+    info: Mapping[str, Any] | None = None  # e.g. {"replica": url, "chat_template": True}
+
+    @property
+    def size(self) -> int:
+        return self.num_tokens if self.num_tokens is not None else len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class SpecCounters:
+    """Cumulative speculative-decoding counters, in vLLM's schema.
+
+    Engines return a snapshot; the runner takes the difference between the snapshots at the
+    start and the end of a run, so nothing is cumulative across runs.
+    """
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: tuple[int, ...] = ()
+
+    def __sub__(self, other: SpecCounters) -> SpecCounters:
+        n = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
+        a = list(self.accepted_per_pos) + [0] * (n - len(self.accepted_per_pos))
+        b = list(other.accepted_per_pos) + [0] * (n - len(other.accepted_per_pos))
+        return SpecCounters(
+            self.num_drafts - other.num_drafts,
+            self.num_draft_tokens - other.num_draft_tokens,
+            self.num_accepted_tokens - other.num_accepted_tokens,
+            tuple(x - y for x, y in zip(a, b)),
+        )
+
+    def to_metrics(self) -> dict[str, Any]:
+        """The JSON schema shared by every engine (derived rates included)."""
+        d, t, a = self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens
+        per_pos_rate = [x / d if d else None for x in self.accepted_per_pos]
+        return {
+            "num_drafts": d,
+            "num_draft_tokens": t,
+            "num_accepted_tokens": a,
+            "accepted_per_pos": list(self.accepted_per_pos),
+            "acceptance_rate": a / t if t else None,
+            "mean_acceptance_length": 1 + a / d if d else None,
+            "acceptance_per_pos": per_pos_rate,
+            "alpha": per_pos_rate[0] if per_pos_rate else None,
+        }
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One engine configuration. ``engine_args`` reaches the underlying library untouched."""
+
+    engine: str
+    model: str
+    tokenizer: str | None = None
+    draft_model: str | None = None
+    spec_config: Mapping[str, Any] | None = None  # vLLM ``speculative_config`` schema; None = baseline
+    dtype: str = "auto"
+    device: str = "auto"
+    seed: int = 0
+    engine_args: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)  # adapter options (base_urls, ...)
+
+    @property
+    def variant(self) -> str:
+        return "baseline" if self.spec_config is None else "spec"
+
+    @property
+    def spec_method(self) -> str | None:
+        return None if self.spec_config is None else str(self.spec_config.get("method"))
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What every engine adapter implements.
+
+    ``max_batch`` is the most requests the engine can serve at once (None = unbounded, i.e.
+    continuous batching); ``static_batching`` says whether concurrent requests are served in
+    fixed batches through :meth:`stream_batch` instead of :meth:`stream`.
+    """
+
+    name: ClassVar[str]
+    spec_methods: ClassVar[tuple[str, ...]]  # the speculative methods this engine can run
+    config: EngineConfig
+
+    @classmethod
+    def validate(cls, config: EngineConfig) -> None:
+        """Cheap checks (paths exist, methods known) before anything loads; raise EngineError."""
+        ...
+
+    async def start(self) -> None: ...
+
+    def describe(self) -> Mapping[str, Any]:
+        """The effective settings used (defaults the adapter chose included), for the record."""
+        ...
+
+    def stream(self, request: Request, params: GenParams) -> AsyncIterator[Chunk]: ...
+
+    async def close(self) -> None: ...
+
+    def spec_counters(self) -> SpecCounters | None: ...
+
+    def max_batch(self) -> int | None: ...
+
+
+class StaticBatchEngine(Engine, Protocol):
+    """An engine serving concurrent requests in fixed batches (HF ``generate``)."""
+
+    def stream_batch(
+        self, requests: Sequence[Request], params: GenParams
+    ) -> AsyncIterator[tuple[int, Chunk]]: ...
+
+
+# name -> "module:Class"; modules are imported only when the engine is used, so an HTTP run
+# never imports torch.
+REGISTRY: dict[str, str] = {
+    "hf": "engines.hf:HFEngine",
+    "vllm": "engines.vllm:VLLMEngine",
+    "openai": "engines.openai:OpenAIEngine",
+    "vllm-server": "engines.vllm_server:VLLMServerEngine",
+}
+
+SPEC_METHODS = ("draft_model", "ngram", "eagle", "eagle3", "mtp", "suffix")
+
+
+def engine_class(name: str) -> type:
+    """Import and return the engine class registered under ``name``."""
+    try:
+        target = REGISTRY[name]
+    except KeyError:
+        raise EngineError(
+            f"unknown engine {name!r}; choose from: {', '.join(sorted(REGISTRY))}"
+        ) from None
+    module, _, cls = target.partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def create_engine(config: EngineConfig) -> Engine:
+    return engine_class(config.engine)(config)

@@ -1,0 +1,122 @@
+"""The frozen per-request record: raw timestamps in, every latency metric derived from them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """What the runner saw of one request. Times are the runner's clock (seconds).
+
+    ``chunk_times[i]`` is when chunk ``i`` (``chunk_tokens[i]`` tokens) arrived. TTFT, ITL, TPOT
+    and E2E are properties, so no metric is stored twice.
+    """
+
+    request_id: str
+    t_send: float
+    t_end: float
+    chunk_times: tuple[float, ...] = ()
+    chunk_tokens: tuple[int, ...] = ()
+    output_token_ids: tuple[int, ...] | None = None
+    prompt_tokens: int | None = None
+    usage_output_tokens: int | None = None  # the server's own count, when it gave one
+    ok: bool = True
+    error: str | None = None
+    warmup: bool = False
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+    # ---- derived ---------------------------------------------------------------------------
+    @property
+    def output_tokens(self) -> int:
+        """Counted from token ids (or chunk token counts); the server's usage when it says more."""
+        streamed = sum(self.chunk_tokens)
+        if self.output_token_ids is not None:
+            streamed = len(self.output_token_ids)
+        if self.usage_output_tokens is not None:
+            return self.usage_output_tokens
+        return streamed
+
+    @property
+    def ttft(self) -> float | None:
+        return self.chunk_times[0] - self.t_send if self.chunk_times else None
+
+    @property
+    def e2e(self) -> float:
+        return self.t_end - self.t_send
+
+    @property
+    def itl(self) -> tuple[float, ...]:
+        """Inter-chunk latencies (one per chunk after the first)."""
+        t = self.chunk_times
+        return tuple(b - a for a, b in zip(t, t[1:]))
+
+    @property
+    def itl_per_token(self) -> tuple[float, ...]:
+        """Each inter-chunk gap spread evenly over the tokens that chunk carried."""
+        out: list[float] = []
+        for gap, n in zip(self.itl, self.chunk_tokens[1:]):
+            out.extend([gap / n] * n if n > 0 else [])
+        return tuple(out)
+
+    @property
+    def tpot(self) -> float | None:
+        """(e2e - ttft) / (n - 1): time per output token after the first."""
+        n, ttft = self.output_tokens, self.ttft
+        if ttft is None or n < 2:
+            return None
+        return (self.e2e - ttft) / (n - 1)
+
+    @property
+    def counted(self) -> bool:
+        """Whether the record enters statistics (finished, not a warm-up)."""
+        return self.ok and not self.warmup
+
+    # ---- JSON ------------------------------------------------------------------------------
+    def to_json(self, t0: float = 0.0) -> dict[str, Any]:
+        """Times relative to ``t0`` (the run's start); derived fields written for readers."""
+        return {
+            "id": self.request_id,
+            "send_s": self.t_send - t0,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "ttft_s": self.ttft,
+            "e2e_s": self.e2e,
+            "itl_s": list(self.itl),
+            "chunk_tokens": list(self.chunk_tokens),
+            "output_token_ids": None if self.output_token_ids is None else list(self.output_token_ids),
+            "usage_output_tokens": self.usage_output_tokens,
+            "ok": self.ok,
+            "error": self.error,
+            "warmup": self.warmup,
+            "info": dict(self.info),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> RequestRecord:
+        """Inverse of :meth:`to_json` (times relative to the run's start)."""
+        t_send = float(d["send_s"])
+        times: list[float] = []
+        if d.get("ttft_s") is not None:
+            t = t_send + float(d["ttft_s"])
+            times.append(t)
+            for gap in d.get("itl_s") or []:
+                t += float(gap)
+                times.append(t)
+        ids = d.get("output_token_ids")
+        return cls(
+            request_id=str(d["id"]),
+            t_send=t_send,
+            t_end=t_send + float(d["e2e_s"]),
+            chunk_times=tuple(times),
+            chunk_tokens=tuple(int(x) for x in d.get("chunk_tokens") or []),
+            output_token_ids=None if ids is None else tuple(int(x) for x in ids),
+            prompt_tokens=d.get("prompt_tokens"),
+            usage_output_tokens=d.get("usage_output_tokens"),
+            ok=bool(d.get("ok", True)),
+            error=d.get("error"),
+            warmup=bool(d.get("warmup", False)),
+            info=dict(d.get("info") or {}),
+        )

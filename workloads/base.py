@@ -1,0 +1,18 @@
+"""The request shape every workload reader produces."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of a workload: a text prompt or chat messages."""
+
+    id: str
+    prompt: str | None = None
+    messages: tuple[Mapping[str, str], ...] | None = None
+    max_new_tokens: int | None = None
+    category: str | None = None
+    source: str = ""  # "file:line" for error messages
