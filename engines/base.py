@@ -106,7 +106,9 @@ class EngineConfig:
     model: str
     tokenizer: str | None = None
     draft_model: str | None = None
-    spec_config: Mapping[str, Any] | None = None  # vLLM ``speculative_config`` schema; None = baseline
+    spec_config: Mapping[str, Any] | None = (
+        None  # vLLM ``speculative_config`` schema; None = baseline
+    )
     dtype: str = "auto"
     device: str = "auto"
     seed: int = 0

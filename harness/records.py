@@ -86,7 +86,9 @@ class RequestRecord:
             "e2e_s": self.e2e,
             "itl_s": list(self.itl),
             "chunk_tokens": list(self.chunk_tokens),
-            "output_token_ids": None if self.output_token_ids is None else list(self.output_token_ids),
+            "output_token_ids": None
+            if self.output_token_ids is None
+            else list(self.output_token_ids),
             "usage_output_tokens": self.usage_output_tokens,
             "ok": self.ok,
             "error": self.error,
