@@ -1,0 +1,144 @@
+"""Workloads: prompt sets read from shipped files or user files, validated up front.
+
+``load_workload("specbench")`` or ``load_workload("path/to/file.jsonl")``; see
+:mod:`workloads.readers` for the formats and the one-line error messages.
+
+A shipped name wins over a file of the same name in the working directory (write ``./default``
+for the file). ``num_prompts=N`` draws a seeded sample of N entries without replacement
+(``random.Random(seed)``) and keeps them in file order, so the same (file, N, seed) always
+gives the same prompts in the same order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workloads.base import Request
+from workloads.readers import FORMATS, WorkloadError, read_requests
+
+__all__ = [
+    "FORMATS",
+    "Request",
+    "Workload",
+    "WorkloadError",
+    "available_workloads",
+    "fingerprint",
+    "load_workload",
+    "shipped_path",
+]
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
+# name -> (file in data/, one-line description)
+SHIPPED: dict[str, tuple[str, str]] = {
+    "default": (
+        "default.jsonl",
+        "16 short prompts for the default run: 8 stdlib code edits + 8 Spec-Bench (8 categories)",
+    ),
+    "grounded": (
+        "grounded.jsonl",
+        "180 input-grounded prompts (answer copies from the prompt): Spec-Bench summarization "
+        "and rag + 20 stdlib code edits",
+    ),
+    "specbench": (
+        "specbench_question.jsonl",
+        "Spec-Bench question set: 480 prompts, 13 categories (first turn by default)",
+    ),
+}
+
+
+def fingerprint(requests: tuple[Request, ...]) -> str:
+    """sha256 over the ids and prompts/messages, in order: equal iff the prompt sets are."""
+    rows = [[r.id, r.prompt, [dict(m) for m in r.messages or ()]] for r in requests]
+    blob = json.dumps(rows, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A validated prompt set. ``fingerprint`` is computed from ``requests``."""
+
+    name: str
+    path: str
+    fmt: str
+    requests: tuple[Request, ...]
+    turn: int = 0
+    num_prompts: int | None = None  # None: the whole file
+    seed: int = 0
+    skipped: int = 0  # entries without the asked-for turn (only with skip_missing_turn)
+    fingerprint: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fingerprint", fingerprint(self.requests))
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+
+def available_workloads() -> dict[str, str]:
+    """Shipped workload names and their one-line descriptions."""
+    return {name: desc for name, (_, desc) in sorted(SHIPPED.items())}
+
+
+def shipped_path(name: str) -> Path:
+    """The data file of a shipped workload."""
+    if name not in SHIPPED:
+        raise _unknown(name)
+    return DATA_DIR / SHIPPED[name][0]
+
+
+def _unknown(name: str) -> WorkloadError:
+    return WorkloadError(
+        None, f"unknown workload {name!r} (valid: {', '.join(sorted(SHIPPED))}, or a file path)"
+    )
+
+
+def _resolve(spec: str | Path) -> tuple[str, Path, str]:
+    """(name, path, path as shown in errors) for a shipped name or a file path."""
+    s = str(spec)
+    if s in SHIPPED:
+        p = shipped_path(s)
+        return s, p, str(p)
+    p = Path(s).expanduser()
+    if not p.exists() and p.suffix == "" and len(p.parts) == 1:
+        raise _unknown(s)  # a bare word: most likely a mistyped shipped name
+    return p.stem, p, s
+
+
+def load_workload(
+    spec: str | Path,
+    *,
+    fmt: str | None = None,
+    num_prompts: int | None = None,
+    seed: int = 0,
+    turn: int = 0,
+    skip_missing_turn: bool = False,
+) -> Workload:
+    """Read and validate a whole workload (shipped name or file path); raises WorkloadError.
+
+    ``turn``: which user turn is the prompt (Spec-Bench ``turns[turn]``; ShareGPT's
+    ``turn``-th human turn). An entry without it is an error, unless ``skip_missing_turn``:
+    then it is skipped, counted in ``Workload.skipped`` and in one warning.
+    """
+    name, path, shown = _resolve(spec)
+    fmt, requests, skipped = read_requests(
+        path, shown=shown, fmt=fmt, turn=turn, skip_missing_turn=skip_missing_turn
+    )
+    if num_prompts is not None:
+        if isinstance(num_prompts, bool) or not isinstance(num_prompts, int) or num_prompts < 1:
+            raise WorkloadError(
+                None, f"must be an integer >= 1, got {num_prompts!r}", field="num_prompts"
+            )
+        if num_prompts > len(requests):
+            raise WorkloadError(
+                shown,
+                f"asked for {num_prompts} prompts but the workload has {len(requests)}",
+                field="num_prompts",
+            )
+        keep = sorted(random.Random(seed).sample(range(len(requests)), num_prompts))
+        requests = tuple(requests[i] for i in keep)
+    return Workload(name, str(path), fmt, requests, turn, num_prompts, seed, skipped)
