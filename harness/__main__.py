@@ -1,0 +1,8 @@
+"""`python -m harness`: safe to import in vLLM's spawned processes (guarded entry point)."""
+
+import sys
+
+from harness.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,338 @@
+"""Command line: `python -m harness [run flags]`, `... report`, `... compare`, `... models`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+EPILOG = """\
+subcommands:
+  python -m harness report results.json        re-render summary.md from a results file
+  python -m harness compare A.json B.json ...  runs of several files side by side
+  python -m harness models build|path ...      the embedded default model pair
+
+examples:
+  python -m harness --engine vllm --spec                      the main job (embedded pair)
+  python -m harness --engine hf,vllm --spec ngram --mode latency --num-prompts 8
+  python -m harness --engine vllm --spec --concurrency 1 4 16 --max-new-tokens 50 200
+  python -m harness --engine openai --base-url http://127.0.0.1:8000/v1 --concurrency 32
+"""
+
+
+class UsageError(Exception):
+    """Bad flags or input: printed as one line, exit code 2."""
+
+
+def _json_arg(flag: str, text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{flag}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{flag}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _kv_args(items: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--engine-arg: expected KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
+def _goodput(items: Sequence[str] | None) -> dict[str, float] | None:
+    if not items:
+        return None
+    out = {}
+    for item in items:
+        name, sep, ms = item.partition(":")
+        if not sep or name not in ("ttft", "tpot", "e2e"):
+            raise UsageError(f"--goodput: expected ttft:MS, tpot:MS or e2e:MS, got {item!r}")
+        try:
+            out[name] = float(ms)
+        except ValueError:
+            raise UsageError(
+                f"--goodput: {item!r}: {ms!r} is not a number of milliseconds"
+            ) from None
+    return out
+
+
+def positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{v} must be > 0")
+    return v
+
+
+def non_negative_int(text: str) -> int:
+    v = positive_int(text) if text != "0" else 0
+    return v
+
+
+def positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"{v:g} must be > 0")
+    return v
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python -m harness",
+        description="Benchmark LLM serving engines on the same workloads, with and without "
+        "speculative decoding, and compare them with confidence intervals.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    g = p.add_argument_group("engines and models")
+    g.add_argument(
+        "--engine",
+        default="vllm",
+        help="engine(s), comma-separated: hf, vllm, openai, vllm-server (default: vllm)",
+    )
+    g.add_argument(
+        "--model",
+        default="embedded",
+        help="HF id or local path of the target model; 'embedded' = the shipped pair (default)",
+    )
+    g.add_argument(
+        "--draft-model",
+        default=None,
+        help="HF id or local path of the draft model (default: the embedded draft with the embedded target)",
+    )
+    g.add_argument("--tokenizer", default=None, help="tokenizer id or path (default: the model's)")
+    g.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="weights dtype (auto: float32 on CPU, float16 on GPU for hf; vLLM's choice for vllm)",
+    )
+    g.add_argument("--device", default="auto", help="hf engine device: auto, cpu, cuda, cuda:N")
+    g.add_argument(
+        "--engine-args",
+        default=None,
+        metavar="JSON",
+        help="JSON object passed untouched to the engine (vLLM EngineArgs, e.g. '{\"tensor_parallel_size\": 2}')",
+    )
+    g.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one engine argument (repeatable); VALUE parsed as JSON when it can be",
+    )
+    s = p.add_argument_group("speculative decoding")
+    s.add_argument(
+        "--spec",
+        nargs="?",
+        const="all",
+        default=None,
+        metavar="METHODS",
+        help="run speculative variants: alone = every method that applies (draft_model, ngram); or a comma list of ngram, draft_model, eagle, eagle3, mtp, suffix",
+    )
+    s.add_argument(
+        "--num-spec-tokens",
+        type=positive_int,
+        nargs="+",
+        default=[4],
+        metavar="K",
+        help="draft tokens per step (list = sweep; default 4)",
+    )
+    s.add_argument(
+        "--spec-config",
+        default=None,
+        metavar="JSON",
+        help="a speculative_config passed verbatim to vLLM (one more variant)",
+    )
+    s.add_argument("--no-baseline", action="store_true", help="skip the baseline variant")
+    w = p.add_argument_group("workload")
+    w.add_argument(
+        "--workload",
+        default="default",
+        help="shipped workload name (default, specbench, grounded) or a file path",
+    )
+    w.add_argument(
+        "--workload-format",
+        default=None,
+        help="force the file format (native, specbench, sharegpt, vllm-custom)",
+    )
+    w.add_argument(
+        "--num-prompts",
+        type=positive_int,
+        default=None,
+        help="use N prompts, the same N for a given --seed",
+    )
+    w.add_argument(
+        "--turn",
+        type=non_negative_int,
+        default=0,
+        help="which turn of multi-turn files (Spec-Bench) to use (default 0)",
+    )
+    w.add_argument(
+        "--seed", type=int, default=0, help="seed for prompt choice, arrivals and sampling"
+    )
+    m = p.add_argument_group("modes and load")
+    m.add_argument(
+        "--mode",
+        default="both",
+        choices=["latency", "throughput", "both"],
+        help="latency: one request at a time; throughput: many in flight (default both)",
+    )
+    m.add_argument(
+        "--concurrency",
+        type=positive_int,
+        nargs="+",
+        default=None,
+        help="throughput mode: requests in flight (list = sweep; default 16; with --request-rate: a cap)",
+    )
+    m.add_argument(
+        "--request-rate",
+        type=positive_float,
+        nargs="+",
+        default=None,
+        help="throughput mode: open-loop arrivals per second (list = sweep)",
+    )
+    m.add_argument(
+        "--burstiness",
+        type=positive_float,
+        default=1.0,
+        help="gamma shape of arrival gaps: 1 = Poisson (as vllm bench serve)",
+    )
+    m.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        nargs="+",
+        default=[64],
+        help="output length (list = sweep; default 64)",
+    )
+    m.add_argument(
+        "--ignore-eos", action="store_true", help="generate exactly max-new-tokens tokens"
+    )
+    m.add_argument(
+        "--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)"
+    )
+    r = p.add_argument_group("statistics and output")
+    r.add_argument(
+        "--repeats", type=positive_int, default=3, help="repeats of each cell (default 3)"
+    )
+    r.add_argument(
+        "--warmup",
+        type=non_negative_int,
+        default=2,
+        help="warm-up requests before each point, recorded but not counted (default 2)",
+    )
+    r.add_argument(
+        "--min-effect",
+        type=float,
+        default=0.02,
+        help="smallest speedup effect called significant (default 0.02 = 2%%)",
+    )
+    r.add_argument(
+        "--goodput",
+        nargs="+",
+        default=None,
+        metavar="METRIC:MS",
+        help="SLOs for goodput, e.g. ttft:500 tpot:50",
+    )
+    r.add_argument(
+        "--output-dir",
+        default=None,
+        help="where results.json and summary.md go (default results/<timestamp>)",
+    )
+    r.add_argument(
+        "--resume",
+        default=None,
+        metavar="DIR",
+        help="continue an interrupted run in DIR: finished cells are not redone",
+    )
+    r.add_argument(
+        "--max-error-rate",
+        type=float,
+        default=None,
+        help="stop the run cleanly once this share of requests failed",
+    )
+    r.add_argument("--no-plots", action="store_true", help="do not draw PNG plots")
+    r.add_argument("--quiet", action="store_true", help="no progress bars")
+    h = p.add_argument_group("HTTP engines (openai, vllm-server)")
+    h.add_argument(
+        "--base-url",
+        nargs="+",
+        default=None,
+        help="server base URL(s), e.g. http://127.0.0.1:8000/v1; several = round-robin replicas",
+    )
+    h.add_argument(
+        "--api-key-env",
+        default="OPENAI_API_KEY",
+        help="environment variable holding the API key (never written anywhere)",
+    )
+    h.add_argument("--api-key-file", default=None, help="file holding the API key")
+    h.add_argument(
+        "--served-model",
+        default=None,
+        help="model name to request (default: the first of /v1/models)",
+    )
+    h.add_argument(
+        "--endpoint",
+        default=None,
+        choices=["completions", "chat"],
+        help="force an endpoint (default: completions for prompts, chat for messages)",
+    )
+    h.add_argument(
+        "--request-timeout",
+        type=positive_float,
+        default=600.0,
+        help="seconds before a request is recorded as timed out",
+    )
+    h.add_argument(
+        "--server-start-timeout",
+        type=positive_float,
+        default=600.0,
+        help="vllm-server: seconds to wait for /health",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in ("report", "compare", "models"):
+            from harness import views
+
+            return views.main(argv)
+        args = build_parser().parse_args(argv)
+        from harness.app import run_main
+
+        return run_main(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def usage_error(message: str) -> UsageError:
+    return UsageError(message)
+
+
+__all__ = ["main", "build_parser", "UsageError", "Path"]

@@ -1,0 +1,176 @@
+"""The run plan: a frozen product of engines x variants x modes x loads x lengths x repeats,
+built from validated options before any model loads."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engines.base import SPEC_METHODS, EngineConfig, EngineError
+from harness.load import Concurrent, Constant, LoadStrategy, Poisson, Synchronous
+from harness.results import Cell
+
+DEFAULT_NGRAM = {"prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+class PlanError(ValueError):
+    """A flag combination that cannot run (one line, exit 2)."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One point of the plan for a given engine configuration."""
+
+    mode: str
+    strategy: LoadStrategy
+    max_new_tokens: int
+    repeat: int
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    engines: tuple[str, ...]
+    model: str
+    draft_model: str | None
+    tokenizer: str | None
+    spec_methods: tuple[str, ...]  # empty: no speculative variants
+    num_spec_tokens: tuple[int, ...]
+    spec_config: Mapping[str, Any] | None  # verbatim --spec-config
+    baseline: bool
+    modes: tuple[str, ...]
+    concurrency: tuple[int, ...]
+    request_rates: tuple[float, ...]
+    burstiness: float
+    max_new_tokens: tuple[int, ...]
+    repeats: int
+    warmup: int
+    seed: int
+    workload: str
+    dtype: str = "auto"
+    device: str = "auto"
+    engine_args: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    # ---- engine configurations ---------------------------------------------------------------
+    def spec_configs(self, engine_methods: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+        """(label, speculative_config) for every speculative variant of one engine."""
+        out: list[tuple[str, dict[str, Any]]] = []
+        if self.spec_config is not None:
+            cfg = dict(self.spec_config)
+            out.append((_label(cfg, multi_k=False), cfg))
+        multi_k = len(self.num_spec_tokens) > 1
+        for method in self.spec_methods:
+            if method not in engine_methods:
+                continue
+            for k in self.num_spec_tokens:
+                cfg: dict[str, Any] = {"method": method, "num_speculative_tokens": k}
+                if method == "draft_model":
+                    if not self.draft_model:
+                        continue
+                    cfg["model"] = self.draft_model
+                elif method == "ngram":
+                    cfg.update(DEFAULT_NGRAM)
+                out.append((_label(cfg, multi_k), cfg))
+        return out
+
+    def engine_configs(
+        self, engine_methods: Mapping[str, Sequence[str]]
+    ) -> list[tuple[str, EngineConfig]]:
+        """(label, config) in run order: per engine, the baseline first, then each spec variant."""
+        out = []
+        for engine in self.engines:
+            variants: list[tuple[str, Mapping[str, Any] | None]] = []
+            if self.baseline:
+                variants.append(("baseline", None))
+            variants.extend(self.spec_configs(engine_methods.get(engine, ())))
+            for label, spec in variants:
+                out.append(
+                    (
+                        label,
+                        EngineConfig(
+                            engine=engine,
+                            model=self.model,
+                            tokenizer=self.tokenizer,
+                            draft_model=self.draft_model,
+                            spec_config=spec,
+                            dtype=self.dtype,
+                            device=self.device,
+                            seed=self.seed,
+                            engine_args=dict(self.engine_args),
+                            options=dict(self.options),
+                        ),
+                    )
+                )
+        return out
+
+    # ---- points --------------------------------------------------------------------------------
+    def strategies(self, mode: str) -> list[LoadStrategy]:
+        if mode == "latency":
+            return [Synchronous()]
+        out: list[LoadStrategy] = []
+        caps: list[int | None] = list(self.concurrency) or [None]
+        if self.request_rates:
+            for rate in self.request_rates:
+                for cap in caps:
+                    if rate == float("inf"):
+                        out.append(Concurrent(cap) if cap else Concurrent(10**6))
+                    else:
+                        out.append(Poisson(rate, self.burstiness, self.seed, cap))
+        else:
+            out.extend(Concurrent(n) for n in self.concurrency)
+        return out
+
+    def points(self) -> Iterator[Point]:
+        for mode in self.modes:
+            for strategy in self.strategies(mode):
+                for n in self.max_new_tokens:
+                    for r in range(self.repeats):
+                        yield Point(mode, strategy, n, r)
+
+    def cell(self, engine: str, label: str, point: Point) -> Cell:
+        return Cell(
+            engine=engine,
+            label=label,
+            mode=point.mode,
+            load=point.strategy.to_json(),
+            max_new_tokens=point.max_new_tokens,
+            repeat=point.repeat,
+            workload=self.workload,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
+
+
+def _label(cfg: Mapping[str, Any], multi_k: bool) -> str:
+    method = str(cfg.get("method", "spec"))
+    k = cfg.get("num_speculative_tokens")
+    return f"{method}(k={k})" if multi_k and k is not None else method
+
+
+def parse_methods(value: str | None) -> tuple[str, ...]:
+    """``--spec`` alone -> every method; ``--spec a,b`` -> those (validated)."""
+    if value is None:
+        return ()
+    if value == "all":
+        return ("draft_model", "ngram")
+    methods = tuple(m.strip() for m in value.split(",") if m.strip())
+    for m in methods:
+        if m not in SPEC_METHODS:
+            raise PlanError(f"--spec: unknown method {m!r}; choose from: {', '.join(SPEC_METHODS)}")
+    return methods
+
+
+def check_engines(names: Sequence[str]) -> None:
+    from engines.base import REGISTRY
+
+    for name in names:
+        if name not in REGISTRY:
+            raise EngineError(
+                f"--engine: unknown engine {name!r}; choose from: {', '.join(sorted(REGISTRY))}"
+            )
+
+
+__all__ = ["Concurrent", "Constant", "Poisson", "Synchronous", "RunPlan", "Point", "PlanError"]

@@ -1,0 +1,232 @@
+"""Markdown views of results.json: rebuilt from the JSON alone."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tabulate import tabulate
+
+from harness.analysis import group_runs
+from harness.results import Run
+from harness.stats import instability, summarize
+
+
+def fmt(x: Any, scale: float = 1.0, digits: int = 1) -> str:
+    """A number, or "n/a" for a missing value (never 0)."""
+    if x is None:
+        return "n/a"
+    return f"{x * scale:.{digits}f}"
+
+
+def fmt_ratio(c: Mapping[str, Any] | None) -> str:
+    if not c or c.get("ratio") is None:
+        return "n/a"
+    if c.get("ci_low") is None:
+        return f"{c['ratio']:.2f}x (no CI)"
+    return f"{c['ratio']:.2f}x [{c['ci_low']:.2f}, {c['ci_high']:.2f}]"
+
+
+def _pooled(runs: list[Run]) -> dict[str, Any]:
+    """Summary over the pooled repeats of one configuration at one point."""
+    records = [r for run in runs for r in run.records]
+    s = summarize(records)
+    per_rep = [summarize(run.records).get("output_tok_s") for run in runs]
+    per_rep = [x for x in per_rep if x is not None]
+    s["output_tok_s_runs"] = per_rep
+    s["output_tok_s"] = sorted(per_rep)[len(per_rep) // 2] if per_rep else None
+    s["instability"] = instability(per_rep)
+    return s
+
+
+def _spec(runs: list[Run]) -> dict[str, Any] | None:
+    """Spec counters summed over repeats, rates recomputed."""
+    ms = [r.spec_metrics for r in runs if r.spec_metrics]
+    if not ms:
+        return None
+    drafts = sum(m["num_drafts"] for m in ms)
+    dt = sum(m["num_draft_tokens"] for m in ms)
+    acc = sum(m["num_accepted_tokens"] for m in ms)
+    n = max(len(m.get("accepted_per_pos") or []) for m in ms)
+    pos = [
+        sum(
+            (m.get("accepted_per_pos") or [0] * n)[i]
+            if i < len(m.get("accepted_per_pos") or [])
+            else 0
+            for m in ms
+        )
+        for i in range(n)
+    ]
+    return {
+        "num_drafts": drafts,
+        "acceptance_rate": acc / dt if dt else None,
+        "mean_acceptance_length": 1 + acc / drafts if drafts else None,
+        "alpha": pos[0] / drafts if drafts and pos else None,
+        "acceptance_per_pos": [x / drafts for x in pos] if drafts else [],
+    }
+
+
+def _load_label(load: Mapping[str, Any]) -> str:
+    if "request_rate" in load:
+        cap = f", cap {load['concurrency']}" if load.get("concurrency") else ""
+        return f"{load['request_rate']:g} req/s{cap}"
+    n = load.get("concurrency", 1)
+    return "1 at a time" if n == 1 else f"concurrency {n}"
+
+
+def render(results: Mapping[str, Any]) -> str:
+    runs = [Run.from_json(r) for r in results.get("runs", [])]
+    comps = results.get("comparisons", [])
+    lines = [f"# Harness results ({results.get('created', '')})", ""]
+    env = results.get("environment", {})
+    lines.append(
+        f"Machine: {env.get('processor', '?')}, {env.get('cpu_count', '?')} CPUs"
+        + (f", GPU {env['gpu']}" if env.get("gpu") else "")
+        + f"; torch {env.get('torch') or 'n/a'}, transformers {env.get('transformers') or 'n/a'}, "
+        f"vllm {env.get('vllm') or 'n/a'}. Workload: {results.get('workload', {}).get('name', '?')} "
+        f"({results.get('workload', {}).get('num_requests', '?')} prompts)."
+    )
+    if results.get("status") not in (None, "complete"):
+        lines += ["", f"**Run {results['status']}**: partial results."]
+    groups = group_runs(runs)
+    points: dict[tuple[Any, ...], list[tuple[str, str]]] = {}
+    for engine, label, *point in groups:
+        points.setdefault(tuple(point), []).append((engine, label))
+    for point, members in points.items():
+        mode, load, mnt, workload = point
+        lines += ["", f"## {mode}, {_load_label(dict(load))}, max_new_tokens={mnt}", ""]
+        rows = []
+        for engine, label in members:
+            rs = groups[(engine, label, *point)]
+            s = _pooled(rs)
+            sp = _spec(rs)
+            comp = _find(comps, f"{engine}/{label}", mode, dict(load), mnt, "output_tok_s")
+            base_name = comp["baseline"] if comp else None
+            unstable = s.get("instability")
+            rows.append(
+                [
+                    f"{engine}/{label}",
+                    f"{s['completed']}/{s['failed']}",
+                    fmt(s.get("output_tok_s"))
+                    + (" (unstable)" if unstable is not None and unstable > 0.10 else ""),
+                    fmt(s.get("ttft_s", {}).get("median"), 1e3),
+                    fmt(s.get("ttft_s", {}).get("p99"), 1e3),
+                    fmt(s.get("tpot_s", {}).get("median"), 1e3, 2),
+                    fmt(s.get("tpot_s", {}).get("p99"), 1e3, 2),
+                    fmt(s.get("e2e_s", {}).get("median"), 1e3, 0),
+                    fmt(sp and sp["acceptance_rate"], 1, 2),
+                    fmt(sp and sp["alpha"], 1, 2),
+                    fmt(sp and sp["mean_acceptance_length"], 1, 2),
+                    (f"{fmt_ratio(comp)} vs {base_name.split('/')[-1]}" if comp else "n/a"),
+                    comp.get("verdict", "n/a") if comp else "n/a",
+                    _lossless(comp),
+                ]
+            )
+        headers = [
+            "engine/variant",
+            "ok/failed",
+            "out tok/s",
+            "TTFT med ms",
+            "TTFT p99 ms",
+            "TPOT med ms",
+            "TPOT p99 ms",
+            "E2E med ms",
+            "accept rate",
+            "alpha",
+            "mean acc len",
+            "speedup tok/s [95% CI]",
+            "verdict",
+            "identical to baseline",
+        ]
+        lines.append(tabulate(rows, headers=headers, tablefmt="github"))
+        bad = [
+            r
+            for r in (groups.get((e, lb, *point), []) for e, lb in members)
+            for r in r
+            if r.status != "ok"
+        ]
+        for run in bad:
+            lines.append(
+                f"\n- {run.cell.engine}/{run.cell.label} repeat {run.cell.repeat}: {run.status}"
+            )
+    skipped = [r for r in runs if r.status.startswith(("unsupported", "failed", "stopped"))]
+    if skipped:
+        lines += ["", "## Cells not run", ""]
+        seen = set()
+        for r in skipped:
+            key = (r.cell.engine, r.cell.label, r.cell.mode, _load_label(r.cell.load), r.status)
+            if key not in seen:
+                seen.add(key)
+                lines.append(f"- {key[0]}/{key[1]}, {key[2]}, {key[3]}: {key[4]}")
+    lines += _comparison_table(comps)
+    lines += [
+        "",
+        "Times are medians over all counted requests of all repeats; out tok/s is the median "
+        "over repeats of (output tokens / run wall time). Speedups are candidate over baseline "
+        "(>1 = faster) with a 95% paired bootstrap CI; acceptance rate = accepted / drafted "
+        "tokens (vLLM's definition), alpha = acceptance at draft position 1, mean acc len = "
+        "1 + accepted / drafts.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _lossless(comp: Mapping[str, Any] | None) -> str:
+    check = (comp or {}).get("lossless")
+    if not check or check.get("share_identical") is None:
+        return "n/a"
+    out = f"{check['identical']}/{check['compared']}"
+    div = check.get("first_divergence") or {}
+    if div:
+        out += f" (first diff at token {min(div.values())})"
+    return out
+
+
+def _find(
+    comps: Sequence[Mapping[str, Any]], cand: str, mode: str, load: Mapping, mnt: int, metric: str
+):
+    for c in comps:
+        if (
+            c["candidate"] == cand
+            and c["mode"] == mode
+            and c["load"] == load
+            and c["max_new_tokens"] == mnt
+            and c["metric"] == metric
+            and c["baseline"].split("/")[0] == cand.split("/")[0]
+        ):
+            return c
+    for c in comps:
+        if (
+            c["candidate"] == cand
+            and c["mode"] == mode
+            and c["load"] == load
+            and c["max_new_tokens"] == mnt
+            and c["metric"] == metric
+        ):
+            return c
+    return None
+
+
+def _comparison_table(comps: Sequence[Mapping[str, Any]]) -> list[str]:
+    if not comps:
+        return []
+    rows = [
+        [
+            f"{c['candidate']} vs {c['baseline']}",
+            f"{c['mode']}, {_load_label(c['load'])}, {c['max_new_tokens']} tok",
+            c["metric"],
+            fmt_ratio(c),
+            c["verdict"],
+        ]
+        for c in comps
+    ]
+    return [
+        "",
+        "## Paired comparisons",
+        "",
+        tabulate(
+            rows,
+            headers=["pair", "cell", "metric", "speedup [95% CI]", "verdict"],
+            tablefmt="github",
+        ),
+    ]

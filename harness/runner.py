@@ -1,0 +1,176 @@
+"""The runner: sends requests as the load strategy says and times every chunk.
+
+It alone reads the clock (``clock``, default ``time.perf_counter``): at send, at each chunk
+that carries tokens, and at the end; tests inject a fake clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engines.base import Chunk, Engine, GenParams, Request, UnsupportedError
+from harness.load import LoadStrategy
+from harness.records import RequestRecord
+
+Clock = Callable[[], float]
+OnRecord = Callable[[RequestRecord], None]
+
+
+def error_line(exc: BaseException) -> str:
+    """One line naming what went wrong."""
+    msg = " ".join(str(exc).split()) or exc.__class__.__name__
+    return msg if ":" in msg[:40] else f"{exc.__class__.__name__}: {msg}"
+
+
+@dataclass
+class _Timing:
+    """Mutable scratch space of one request while it streams."""
+
+    request: Request
+    t_send: float
+    warmup: bool
+    times: list[float] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    ids_known: bool = True
+    prompt_tokens: int | None = None
+    usage_output: int | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, chunk: Chunk, t: float) -> None:
+        if chunk.prompt_tokens is not None:
+            self.prompt_tokens = chunk.prompt_tokens
+        if chunk.usage_output_tokens is not None:
+            self.usage_output = chunk.usage_output_tokens
+        if chunk.info:
+            self.info.update(chunk.info)
+        if chunk.size <= 0:
+            return
+        self.times.append(t)
+        self.sizes.append(chunk.size)
+        if chunk.token_ids and len(chunk.token_ids) == chunk.size:
+            self.ids.extend(chunk.token_ids)
+        else:
+            self.ids_known = False
+
+    def finish(self, t_end: float, error: str | None) -> RequestRecord:
+        return RequestRecord(
+            request_id=self.request.id,
+            t_send=self.t_send,
+            t_end=t_end,
+            chunk_times=tuple(self.times),
+            chunk_tokens=tuple(self.sizes),
+            output_token_ids=tuple(self.ids) if self.ids_known else None,
+            prompt_tokens=self.prompt_tokens,
+            usage_output_tokens=self.usage_output,
+            ok=error is None,
+            error=error,
+            warmup=self.warmup,
+            info=self.info,
+        )
+
+
+@dataclass
+class Runner:
+    """Runs one cell: a list of requests through one engine under one load strategy."""
+
+    engine: Engine
+    clock: Clock = time.perf_counter
+    sleep: Callable[[float], Any] = asyncio.sleep
+    on_record: OnRecord | None = None
+    should_stop: Callable[[], bool] = lambda: False
+
+    def params_for(self, request: Request, params: GenParams) -> GenParams:
+        return params
+
+    async def run(
+        self,
+        requests: Sequence[Request],
+        params: GenParams,
+        strategy: LoadStrategy,
+        *,
+        warmup: bool = False,
+    ) -> list[RequestRecord]:
+        """Send every request as ``strategy`` says; return the records in send order."""
+        cap = strategy.max_concurrency
+        limit = self.engine.max_batch()
+        if cap != 1 and limit == 1:
+            raise UnsupportedError("unsupported (batch size 1 only)")
+        if cap != 1 and hasattr(self.engine, "stream_batch"):
+            if strategy.offsets(2)[-1] != 0.0 or cap is None:
+                raise UnsupportedError("unsupported (static batching needs --concurrency N)")
+            return await self._run_static(requests, params, cap, warmup)
+        return await self._run_streams(requests, params, strategy, warmup)
+
+    def _emit(self, record: RequestRecord) -> RequestRecord:
+        if self.on_record is not None:
+            self.on_record(record)
+        return record
+
+    async def _one(self, request: Request, params: GenParams, warmup: bool) -> RequestRecord:
+        timing = _Timing(request, self.clock(), warmup)
+        error = None
+        try:
+            async for chunk in self.engine.stream(request, params):
+                timing.add(chunk, self.clock())
+        except asyncio.CancelledError:
+            error = "cancelled: run interrupted"
+        except Exception as exc:  # recorded per request, never raised
+            error = error_line(exc)
+        return self._emit(timing.finish(self.clock(), error))
+
+    async def _run_streams(
+        self, requests: Sequence[Request], params: GenParams, strategy: LoadStrategy, warmup: bool
+    ) -> list[RequestRecord]:
+        offsets = strategy.offsets(len(requests))
+        slots = asyncio.Semaphore(strategy.max_concurrency) if strategy.max_concurrency else None
+        t0 = self.clock()
+        tasks: list[asyncio.Task[RequestRecord]] = []
+
+        async def go(req: Request) -> RequestRecord:
+            try:
+                return await self._one(req, params, warmup)
+            finally:
+                if slots is not None:
+                    slots.release()
+
+        try:
+            for req, offset in zip(requests, offsets):
+                if self.should_stop():
+                    break
+                delay = t0 + offset - self.clock()
+                if delay > 0:
+                    await self.sleep(delay)
+                if slots is not None:
+                    await slots.acquire()
+                tasks.append(asyncio.ensure_future(go(req)))
+            return list(await asyncio.gather(*tasks))
+        except asyncio.CancelledError:
+            for t in tasks:
+                t.cancel()
+            raise
+
+    async def _run_static(
+        self, requests: Sequence[Request], params: GenParams, size: int, warmup: bool
+    ) -> list[RequestRecord]:
+        """Fixed batches of ``size`` through ``engine.stream_batch`` (HF ``generate``)."""
+        out: list[RequestRecord] = []
+        for start in range(0, len(requests), size):
+            if self.should_stop():
+                break
+            batch = list(requests[start : start + size])
+            t_send = self.clock()
+            timings = [_Timing(r, t_send, warmup) for r in batch]
+            error = None
+            try:
+                async for index, chunk in self.engine.stream_batch(batch, params):  # type: ignore[attr-defined]
+                    timings[index].add(chunk, self.clock())
+            except Exception as exc:
+                error = error_line(exc)
+            t_end = self.clock()
+            out.extend(self._emit(t.finish(t_end, error)) for t in timings)
+        return out
