@@ -111,8 +111,10 @@ class Runner:
             self.on_record(record)
         return record
 
-    async def _one(self, request: Request, params: GenParams, warmup: bool) -> RequestRecord:
-        timing = _Timing(request, self.clock(), warmup)
+    async def _one(
+        self, request: Request, params: GenParams, warmup: bool, t_send: float
+    ) -> RequestRecord:
+        timing = _Timing(request, t_send, warmup)
         error = None
         try:
             async for chunk in self.engine.stream(request, params):
@@ -131,23 +133,25 @@ class Runner:
         t0 = self.clock()
         tasks: list[asyncio.Task[RequestRecord]] = []
 
-        async def go(req: Request) -> RequestRecord:
+        async def go(req: Request, t_send: float) -> RequestRecord:
             try:
-                return await self._one(req, params, warmup)
+                return await self._one(req, params, warmup, t_send)
             finally:
                 if slots is not None:
                     slots.release()
 
         try:
             for req, offset in zip(requests, offsets):
-                if self.should_stop():
-                    break
                 delay = t0 + offset - self.clock()
                 if delay > 0:
                     await self.sleep(delay)
                 if slots is not None:
                     await slots.acquire()
-                tasks.append(asyncio.ensure_future(go(req)))
+                if self.should_stop():
+                    if slots is not None:
+                        slots.release()
+                    break
+                tasks.append(asyncio.ensure_future(go(req, self.clock())))
             return list(await asyncio.gather(*tasks))
         except asyncio.CancelledError:
             for t in tasks:

@@ -1,0 +1,288 @@
+"""The main job: flags -> validated plan -> session -> results.json, summary.md, plots."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from engines.base import EngineConfig, EngineError, engine_class
+from harness.cli import UsageError, _goodput, _json_arg, _kv_args
+from harness.plan import PlanError, RunPlan, check_engines, parse_methods
+from harness.results import (
+    SCHEMA_VERSION,
+    Journal,
+    Run,
+    atomic_write,
+    environment,
+    runs_from_journal,
+)
+
+GRACE_S = 5.0  # in-flight requests get this long after Ctrl-C before they are cancelled
+
+
+def build_plan(args: argparse.Namespace, model: str, draft: str | None) -> RunPlan:
+    engines = tuple(e.strip() for e in args.engine.split(",") if e.strip())
+    check_engines(engines)
+    methods = parse_methods(args.spec)
+    spec_config = _json_arg("--spec-config", args.spec_config)
+    if spec_config is not None and "method" not in spec_config:
+        raise UsageError('--spec-config: the object needs a "method" key (e.g. "ngram")')
+    if args.no_baseline and not (methods or spec_config):
+        raise UsageError("--no-baseline needs --spec or --spec-config: nothing would run")
+    if args.spec is not None and args.spec != "all" and "draft_model" in methods and not draft:
+        raise UsageError(
+            "--spec draft_model needs --draft-model (no embedded draft for this --model)"
+        )
+    engine_args = {
+        **(_json_arg("--engine-args", args.engine_args) or {}),
+        **_kv_args(args.engine_arg),
+    }
+    modes = ("latency", "throughput") if args.mode == "both" else (args.mode,)
+    if args.concurrency and args.mode == "latency":
+        raise UsageError("--concurrency applies to throughput mode; use --mode throughput or both")
+    if args.request_rate and args.mode == "latency":
+        raise UsageError("--request-rate applies to throughput mode; use --mode throughput or both")
+    if args.min_effect < 0 or args.min_effect >= 1:
+        raise UsageError("--min-effect: expected a fraction in [0, 1), e.g. 0.02")
+    if args.max_error_rate is not None and not 0 <= args.max_error_rate <= 1:
+        raise UsageError("--max-error-rate: expected a fraction in [0, 1]")
+    if any(e in ("openai",) for e in engines) and not args.base_url:
+        raise UsageError("--engine openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
+    if args.base_url and not any(e == "openai" for e in engines):
+        raise UsageError("--base-url is for --engine openai (vllm-server starts its own server)")
+    options: dict[str, Any] = {
+        "request_timeout": args.request_timeout,
+        "api_key_env": args.api_key_env,
+        "start_timeout": args.server_start_timeout,
+        "max_concurrency": max(args.concurrency or [16]),
+    }
+    for key, value in (
+        ("base_urls", args.base_url),
+        ("api_key_file", args.api_key_file),
+        ("served_model", args.served_model),
+        ("endpoint", args.endpoint),
+    ):
+        if value is not None:
+            options[key] = value
+    return RunPlan(
+        engines=engines,
+        model=model,
+        draft_model=draft,
+        tokenizer=args.tokenizer,
+        spec_methods=methods,
+        num_spec_tokens=tuple(args.num_spec_tokens),
+        spec_config=spec_config,
+        baseline=not args.no_baseline,
+        modes=modes,
+        concurrency=tuple(args.concurrency or ([] if args.request_rate else [16])),
+        request_rates=tuple(args.request_rate or ()),
+        burstiness=args.burstiness,
+        max_new_tokens=tuple(args.max_new_tokens),
+        repeats=args.repeats,
+        warmup=args.warmup,
+        seed=args.seed,
+        workload=args.workload,
+        dtype=args.dtype,
+        device=args.device,
+        engine_args=engine_args,
+        options=options,
+    )
+
+
+def resolve_models(args: argparse.Namespace) -> tuple[str, str | None]:
+    """The embedded pair when asked for ("embedded"), else the user's ids/paths unchanged."""
+    from harness import models
+
+    model, draft = args.model, args.draft_model
+    if model == "embedded" or (draft or "").startswith("embedded"):
+        models.ensure_embedded(progress=not args.quiet)
+    if model == "embedded" and draft is None:
+        draft = "embedded:draft"
+    model = models.resolve_model(model)
+    draft = models.resolve_model(draft) if draft else None
+    for flag, value in (("--model", model), ("--draft-model", draft)):
+        if value and _looks_like_path(value) and not Path(value).exists():
+            raise UsageError(f"{flag}: {value}: no such file or directory")
+    return model, draft
+
+
+def _looks_like_path(value: str) -> bool:
+    return value.startswith((".", "/", "~")) or Path(value).exists() or value.count("/") > 1
+
+
+def engine_methods(plan: RunPlan) -> dict[str, tuple[str, ...]]:
+    return {e: tuple(getattr(engine_class(e), "spec_methods", ())) for e in plan.engines}
+
+
+def validate_configs(plan: RunPlan, configs: list[tuple[str, EngineConfig]]) -> None:
+    methods = engine_methods(plan)
+    for engine in plan.engines:
+        wanted = set(plan.spec_methods)
+        if plan.spec_methods and not wanted & set(methods[engine]) and plan.spec_config is None:
+            raise UsageError(
+                f"--spec: engine {engine} supports none of {', '.join(sorted(wanted)) or 'them'}"
+                f" (it supports: {', '.join(methods[engine]) or 'no speculative method'})"
+            )
+    for _, config in configs:
+        engine_class(config.engine).validate(config)
+
+
+def output_dir(args: argparse.Namespace) -> Path:
+    if args.resume:
+        d = Path(args.resume)
+        if not (d / "journal.jsonl").exists():
+            raise UsageError(f"--resume: {d}: no journal.jsonl there to resume from")
+        return d
+    if args.output_dir:
+        return Path(args.output_dir)
+    return Path("results") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def run_main(args: argparse.Namespace) -> int:
+    from workloads import WorkloadError, load_workload
+
+    try:
+        goodput = _goodput(args.goodput)
+        workload = load_workload(
+            args.workload,
+            fmt=args.workload_format,
+            num_prompts=args.num_prompts,
+            seed=args.seed,
+            turn=args.turn,
+        )
+        draft = args.draft_model or ("embedded:draft" if args.model == "embedded" else None)
+        build_plan(args, args.model, draft)  # flags checked before any model is touched
+        model, draft = resolve_models(args)
+        plan = build_plan(args, model, draft)
+        configs = plan.engine_configs(engine_methods(plan))
+        validate_configs(plan, configs)
+        out = output_dir(args)
+    except (UsageError, PlanError, EngineError, WorkloadError) as exc:
+        raise UsageError(str(exc)) from None
+    return asyncio.run(_execute(args, plan, configs, workload, out, goodput))
+
+
+async def _execute(args, plan, configs, workload, out: Path, goodput) -> int:
+    from harness.session import Session
+
+    out.mkdir(parents=True, exist_ok=True)
+    previous, done = runs_from_journal(out / "journal.jsonl") if args.resume else ([], set())
+    journal = Journal(out / "journal.jsonl")
+    session = Session(
+        plan,
+        workload.requests,
+        journal=journal,
+        done=done,
+        progress=not args.quiet,
+        max_error_rate=args.max_error_rate,
+        temperature=args.temperature,
+        ignore_eos=args.ignore_eos,
+    )
+    session.runs.extend(r for r in previous if r.cell.key in done)
+    loop = asyncio.get_running_loop()
+    main_task = asyncio.current_task()
+    interrupted: list[str] = []
+
+    def on_signal(name: str) -> None:
+        if interrupted:  # second signal: stop now
+            main_task.cancel()
+            return
+        interrupted.append(name)
+        session.stop.set(f"{name} received")
+        print(
+            f"\n[harness] {name}: stopping; in-flight requests get {GRACE_S:g} s", file=sys.stderr
+        )
+        loop.call_later(GRACE_S, lambda: exec_task.cancel())
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, on_signal, sig.name)
+    exec_task = asyncio.ensure_future(session.execute(configs))
+    error: str | None = None
+    try:
+        await exec_task
+    except asyncio.CancelledError:
+        pass
+    except Exception as exc:  # finish writing whatever finished, then report
+        from harness.runner import error_line
+
+        error = error_line(exc)
+    finally:
+        journal.close()
+    runs = session.runs
+    if interrupted or error:
+        # the journal holds every record that finished, including cells cut mid-way
+        journaled, _ = runs_from_journal(out / "journal.jsonl")
+        have = {r.cell.key for r in runs}
+        runs = runs + [r for r in journaled if r.cell.key not in have]
+    status = "complete"
+    if interrupted:
+        status = f"interrupted ({interrupted[0]})"
+    elif error:
+        status = f"failed: {error}"
+    elif session.stop:
+        status = f"stopped: {session.stop.reason}"
+    results = finalize(
+        out, plan, workload, runs, status, args.min_effect, goodput, plots=not args.no_plots
+    )
+    summary = (out / "summary.md").read_text()
+    if not interrupted:
+        print(summary)
+    print(
+        f"[harness] results: {out / 'results.json'}  summary: {out / 'summary.md'}", file=sys.stderr
+    )
+    if interrupted:
+        print(f"error: interrupted by {interrupted[0]}; partial results in {out}", file=sys.stderr)
+        return 130
+    if error:
+        print(f"error: {error}; partial results in {out}", file=sys.stderr)
+        return 1
+    return 0 if results["status"] == "complete" else 1
+
+
+def finalize(
+    out: Path,
+    plan: RunPlan,
+    workload,
+    runs: list[Run],
+    status: str,
+    min_effect: float,
+    goodput: dict[str, float] | None,
+    plots: bool = True,
+) -> dict[str, Any]:
+    """Write results.json (atomically), then summary.md and plots from it alone."""
+    from harness.analysis import comparisons
+    from harness.report import render
+    from harness.stats import summarize
+
+    results = {
+        "schema_version": SCHEMA_VERSION,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "status": status,
+        "environment": environment(),
+        "config": {**plan.to_json(), "min_effect": min_effect, "goodput": goodput},
+        "workload": {
+            "name": workload.name,
+            "path": str(workload.path),
+            "format": workload.fmt,
+            "num_requests": len(workload.requests),
+            "fingerprint": workload.fingerprint,
+        },
+        "runs": [r.to_json(summarize(r.records, goodput)) for r in runs],
+        "comparisons": comparisons(runs, min_effect=min_effect, seed=plan.seed),
+    }
+    atomic_write(out / "results.json", json.dumps(results, indent=1))
+    md = render(results)
+    if plots:
+        from harness.plots import draw
+
+        md += draw(results, out)
+    atomic_write(out / "summary.md", md)
+    return results

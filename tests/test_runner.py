@@ -1,0 +1,96 @@
+"""The runner's timing, from an injected clock, and its handling of failures and caps."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from engines.base import GenParams, Request, UnsupportedError
+from harness.load import Concurrent, Poisson, Synchronous
+from harness.runner import Runner
+from tests.clock import FakeClock, ScriptedEngine
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_latency_timing_from_injected_clock():
+    clock = FakeClock()
+    engine = ScriptedEngine(clock, {"a": [(0.5, 1), (0.1, 2), (0.2, 1)], "b": [(0.3, 1)]})
+    seen = []
+    runner = Runner(engine, clock=clock, sleep=clock.sleep, on_record=seen.append)
+    records = run(runner.run([Request("a", "x"), Request("b", "y")], GenParams(), Synchronous()))
+    a, b = records
+    assert a.ttft == pytest.approx(0.5)
+    assert a.itl == pytest.approx((0.1, 0.2))
+    assert a.chunk_tokens == (1, 2, 1)
+    assert a.output_tokens == 4 and a.output_token_ids == (0, 1, 2, 3)
+    assert a.e2e == pytest.approx(0.8)
+    assert a.tpot == pytest.approx((0.8 - 0.5) / 3)
+    assert a.itl_per_token == pytest.approx((0.05, 0.05, 0.2))
+    assert a.prompt_tokens == 5
+    # one at a time: b is sent after a ended
+    assert b.t_send == pytest.approx(a.t_end)
+    assert b.ttft == pytest.approx(0.3) and b.tpot is None
+    assert [r.request_id for r in seen] == ["a", "b"]
+
+
+def test_failure_is_recorded_not_raised_and_keeps_chunks():
+    clock = FakeClock()
+    engine = ScriptedEngine(clock, {"a": [(0.1, 3)], "b": [(0.1, 2)]}, fail={"a": "reset by peer"})
+    records = run(
+        Runner(engine, clock=clock, sleep=clock.sleep).run(
+            [Request("a", "x"), Request("b", "y")], GenParams(), Synchronous()
+        )
+    )
+    assert not records[0].ok and "reset by peer" in records[0].error
+    assert records[0].error.startswith("ConnectionResetError")
+    assert records[0].output_tokens == 3
+    assert records[1].ok and records[1].error is None
+
+
+def test_concurrency_cap_is_never_exceeded():
+    clock = FakeClock()
+    script = {str(i): [(0.01, 1)] * 5 for i in range(40)}
+    engine = ScriptedEngine(clock, script)
+    reqs = [Request(str(i), "p") for i in range(40)]
+    records = run(
+        Runner(engine, clock=clock, sleep=clock.sleep).run(reqs, GenParams(), Concurrent(4))
+    )
+    assert engine.peak == 4
+    assert all(r.ok for r in records) and len(records) == 40
+
+
+def test_poisson_arrivals_are_honoured():
+    clock = FakeClock()
+    script = {str(i): [(0.0, 1)] for i in range(200)}
+    engine = ScriptedEngine(clock, script)
+    reqs = [Request(str(i), "p") for i in range(200)]
+    strategy = Poisson(rate=10.0, seed=3)
+    records = run(Runner(engine, clock=clock, sleep=clock.sleep).run(reqs, GenParams(), strategy))
+    sends = [r.t_send - records[0].t_send for r in records]
+    assert sends == pytest.approx(strategy.offsets(200), abs=1e-9)
+
+
+def test_batch_one_engine_refuses_concurrency():
+    clock = FakeClock()
+    engine = ScriptedEngine(clock, {"a": [(0.1, 1)]}, max_batch=1)
+    with pytest.raises(UnsupportedError, match="batch size 1"):
+        run(Runner(engine, clock=clock).run([Request("a", "x")], GenParams(), Concurrent(4)))
+
+
+def test_should_stop_stops_sending():
+    clock = FakeClock()
+    engine = ScriptedEngine(clock, {str(i): [(0.1, 1)] for i in range(10)})
+    sent = []
+    runner = Runner(
+        engine,
+        clock=clock,
+        sleep=clock.sleep,
+        on_record=sent.append,
+        should_stop=lambda: len(sent) >= 3,
+    )
+    records = run(runner.run([Request(str(i), "p") for i in range(10)], GenParams(), Synchronous()))
+    assert len(records) == 3
