@@ -24,6 +24,7 @@ from harness.results import (
     runs_from_journal,
 )
 
+DEFAULT_MAX_NEW_TOKENS = 64
 GRACE_S = 5.0  # in-flight requests get this long after Ctrl-C before they are cancelled
 
 
@@ -84,9 +85,12 @@ def build_plan(args: argparse.Namespace, model: str, draft: str | None) -> RunPl
         concurrency=tuple(args.concurrency or ([] if args.request_rate else [16])),
         request_rates=tuple(args.request_rate or ()),
         burstiness=args.burstiness,
-        max_new_tokens=tuple(args.max_new_tokens),
+        max_new_tokens=tuple(args.max_new_tokens or [DEFAULT_MAX_NEW_TOKENS]),
+        lengths_from_workload=args.max_new_tokens is None,
         repeats=args.repeats,
         warmup=args.warmup,
+        target_ci=args.target_ci,
+        max_repeats=max(args.max_repeats, args.repeats) if args.target_ci else args.repeats,
         seed=args.seed,
         workload=args.workload,
         dtype=args.dtype,
@@ -115,6 +119,43 @@ def resolve_models(args: argparse.Namespace) -> tuple[str, str | None]:
 
 def _looks_like_path(value: str) -> bool:
     return value.startswith((".", "/", "~")) or Path(value).exists() or value.count("/") > 1
+
+
+def _model_config(path: str | None) -> dict[str, Any] | None:
+    """config.json of a local model directory (read as data, nothing loaded), else None."""
+    if not path or not Path(path).is_dir():
+        return None
+    cfg = Path(path) / "config.json"
+    if not cfg.exists():
+        raise UsageError(f"{path}: not a model directory (no config.json)")
+    try:
+        return json.loads(cfg.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{cfg}: invalid JSON ({exc})") from None
+
+
+def check_models(plan: RunPlan) -> None:
+    """Cheap checks of local models before anything loads: lengths and shared vocabularies."""
+    target = _model_config(plan.model)
+    if target is None:
+        return
+    limit = target.get("max_position_embeddings")
+    if limit:
+        for n in plan.max_new_tokens:
+            if n >= int(limit):
+                raise UsageError(
+                    f"--max-new-tokens: {n} does not fit the model's context of {limit} tokens"
+                    f" ({plan.model})"
+                )
+    uses_draft = "draft_model" in plan.spec_methods or (
+        plan.spec_config is not None and plan.spec_config.get("method") == "draft_model"
+    )
+    draft = _model_config(plan.draft_model) if uses_draft else None
+    if draft is not None and draft.get("vocab_size") != target.get("vocab_size"):
+        raise UsageError(
+            f"--draft-model: vocabulary of {draft.get('vocab_size')} tokens differs from the "
+            f"target's {target.get('vocab_size')}; draft_model speculation needs one vocabulary"
+        )
 
 
 def engine_methods(plan: RunPlan) -> dict[str, tuple[str, ...]]:
@@ -162,6 +203,7 @@ def run_main(args: argparse.Namespace) -> int:
         model, draft = resolve_models(args)
         plan = build_plan(args, model, draft)
         configs = plan.engine_configs(engine_methods(plan))
+        check_models(plan)
         validate_configs(plan, configs)
         out = output_dir(args)
     except (UsageError, PlanError, EngineError, WorkloadError) as exc:

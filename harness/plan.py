@@ -25,7 +25,6 @@ class Point:
     mode: str
     strategy: LoadStrategy
     max_new_tokens: int
-    repeat: int
 
 
 @dataclass(frozen=True)
@@ -45,8 +44,11 @@ class RunPlan:
     max_new_tokens: tuple[int, ...]
     repeats: int
     warmup: int
+    target_ci: float | None  # keep repeating a point until its CI half-width is under this
+    max_repeats: int
     seed: int
     workload: str
+    lengths_from_workload: bool = False  # requests' own max_new_tokens win over the default
     dtype: str = "auto"
     device: str = "auto"
     engine_args: Mapping[str, Any] = field(default_factory=dict)
@@ -125,17 +127,16 @@ class RunPlan:
         for mode in self.modes:
             for strategy in self.strategies(mode):
                 for n in self.max_new_tokens:
-                    for r in range(self.repeats):
-                        yield Point(mode, strategy, n, r)
+                    yield Point(mode, strategy, n)
 
-    def cell(self, engine: str, label: str, point: Point) -> Cell:
+    def cell(self, engine: str, label: str, point: Point, repeat: int) -> Cell:
         return Cell(
             engine=engine,
             label=label,
             mode=point.mode,
             load=point.strategy.to_json(),
             max_new_tokens=point.max_new_tokens,
-            repeat=point.repeat,
+            repeat=repeat,
             workload=self.workload,
         )
 

@@ -8,14 +8,15 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engines.base import Engine, EngineConfig, EngineError, GenParams, Request, UnsupportedError
 from harness.plan import Point, RunPlan
 from harness.records import RequestRecord
-from harness.results import Journal, Run
+from harness.results import Cell, Journal, Run
 from harness.runner import Runner, error_line
+from harness.stats import ci_half_width, summarize
 
 
 @dataclass
@@ -46,18 +47,25 @@ class Session:
     runs: list[Run] = field(default_factory=list)
     engine_factory: Callable[[EngineConfig], Engine] | None = None
 
+    def __post_init__(self) -> None:
+        if not self.plan.lengths_from_workload:  # an explicit --max-new-tokens wins
+            self.requests = [replace(r, max_new_tokens=None) for r in self.requests]
+
     async def execute(self, configs: Sequence[tuple[str, EngineConfig]]) -> list[Run]:
         for label, config in configs:
             if self.stop:
                 break
-            points = [p for p in self.plan.points() if self._key(config, label, p) not in self.done]
+            points = [p for p in self.plan.points() if not self._point_done(config, label, p)]
             if not points:
                 continue
             await self._run_config(label, config, points)
         return self.runs
 
-    def _key(self, config: EngineConfig, label: str, point: Point) -> str:
-        return self.plan.cell(config.engine, label, point).key
+    def _point_done(self, config: EngineConfig, label: str, point: Point) -> bool:
+        return self.plan.cell(config.engine, label, point, 0).key in self.done and all(
+            self.plan.cell(config.engine, label, point, r).key in self.done
+            for r in range(self.plan.repeats)
+        )
 
     async def _run_config(self, label: str, config: EngineConfig, points: list[Point]) -> None:
         from engines.base import create_engine
@@ -78,20 +86,43 @@ class Session:
             return
         try:
             info = dict(engine.describe())
-            warmed: set[tuple[str, str, int]] = set()
+            costs = getattr(engine, "step_costs", None)
+            if costs is not None and config.spec_config is not None:
+                with contextlib.suppress(Exception):
+                    info["step_costs"] = await asyncio.to_thread(costs)
             for p in points:
-                if self.stop:
-                    break
-                first = (p.mode, p.strategy.label, p.max_new_tokens) not in warmed
-                warmed.add((p.mode, p.strategy.label, p.max_new_tokens))
-                await self._run_point(engine, label, config, p, info, warmup=first)
+                await self._repeat_point(engine, label, config, p, info)
         finally:
             await engine.close()
 
-    async def _run_point(
-        self, engine: Engine, label: str, config: EngineConfig, p: Point, info: dict, warmup: bool
+    async def _repeat_point(
+        self, engine: Engine, label: str, config: EngineConfig, p: Point, info: dict
     ) -> None:
-        cell = self.plan.cell(config.engine, label, p)
+        """Repeats of one point: --repeats, then more (up to --max-repeats) until --target-ci."""
+        rates: list[float] = []
+        repeat = 0
+        while not self.stop:
+            cell = self.plan.cell(config.engine, label, p, repeat)
+            if cell.key not in self.done:
+                run = await self._run_point(engine, config, cell, p, info, warmup=not rates)
+                tok_s = summarize(run.records).get("output_tok_s")
+                if tok_s is not None:
+                    rates.append(tok_s)
+                if run.status != "ok":
+                    break
+            repeat += 1
+            if repeat >= self.plan.max_repeats:
+                break
+            if repeat >= self.plan.repeats:
+                width = ci_half_width(rates)
+                if self.plan.target_ci is None or (
+                    width is not None and width <= self.plan.target_ci
+                ):
+                    break
+
+    async def _run_point(
+        self, engine: Engine, config: EngineConfig, cell: Cell, p: Point, info: dict, warmup: bool
+    ) -> Run:
         params = GenParams(
             max_new_tokens=p.max_new_tokens,
             temperature=self.temperature,

@@ -192,3 +192,14 @@ def instability(values: Sequence[float]) -> float | None:
     if xs.size < 2 or np.median(xs) == 0:
         return None
     return float(xs.std(ddof=1) / np.median(xs))
+
+
+def ci_half_width(values: Sequence[float], resamples: int = 1000, seed: int = 0) -> float | None:
+    """Half-width of the 95% bootstrap CI of the mean, relative to the mean (0.05 = +-5%)."""
+    xs = np.array(values, dtype=float)
+    if xs.size < 2 or xs.mean() == 0:
+        return None
+    rng = np.random.default_rng(seed)
+    means = xs[rng.integers(0, xs.size, size=(resamples, xs.size))].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float((hi - lo) / 2 / xs.mean())

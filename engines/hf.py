@@ -1,0 +1,397 @@
+"""In-process HF transformers engine: ``model.generate`` streamed, with assisted generation
+(``draft_model``) and prompt lookup (``ngram``) as the speculative methods.
+
+The engine never reads the clock: it yields token-id chunks as the streamer receives them and
+the runner timestamps them. ``step_costs`` is a separate micro-measurement, called outside runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import gc
+import os
+import threading
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, ClassVar
+
+from engines.base import (
+    Chunk,
+    EngineConfig,
+    EngineError,
+    GenParams,
+    Request,
+    SpecCounters,
+    UnsupportedError,
+)
+from engines.hf_spec import (
+    SPEC_METHODS,
+    AcceptanceCounter,
+    patch_candidate_generator,
+    spec_settings,
+)
+
+_DTYPES = ("float32", "float16", "bfloat16")
+_END, _TOKENS, _ERROR = "end", "tokens", "error"
+
+
+def _looks_local(name: str) -> bool:
+    """A path rather than a hub id ("org/name")."""
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name:
+        return True
+    return os.path.exists(os.path.expanduser(name))
+
+
+class _QueueStreamer:
+    """A ``BaseStreamer``: skips the prompt, hands each put's token ids to the event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
+        self._loop, self._queue, self._prompt_seen = loop, queue, False
+
+    def push(self, kind: str, value: Any = None) -> None:
+        with contextlib.suppress(RuntimeError):  # the consumer's loop is gone: nobody listens
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, (kind, value))
+
+    def put(self, value: Any) -> None:
+        if not self._prompt_seen:
+            self._prompt_seen = True
+            return
+        # .tolist() materializes the ids on the host (a device sync on CUDA) before the
+        # runner can timestamp them. Shapes: (B,) per plain step, (1, n) per assisted step.
+        ids = value.tolist()
+        self.push(_TOKENS, ids[0] if value.dim() == 2 else ids)
+
+    def end(self) -> None:
+        self.push(_END)
+
+
+def _streamer_class() -> type:
+    from transformers.generation.streamers import BaseStreamer
+
+    return type("QueueStreamer", (_QueueStreamer, BaseStreamer), {})
+
+
+class HFEngine:
+    """HF transformers ``generate``; static batches for the baseline, batch 1 when speculative."""
+
+    name: ClassVar[str] = "hf"
+    spec_methods: ClassVar[tuple[str, ...]] = SPEC_METHODS
+    static_batching: ClassVar[bool] = True
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self._spec = spec_settings(config.spec_config) if config.spec_config else {}
+        self._counter = AcceptanceCounter(len_hint(config.spec_config))
+        self._lock = threading.Lock()  # one generate at a time (shared models, counters, seed)
+        self.tokenizer: Any = None
+        self.model: Any = None
+        self.draft: Any = None
+        self.device: str | None = None
+        self.dtype: Any = None
+
+    # ---- set-up ----------------------------------------------------------------------------
+    @classmethod
+    def validate(cls, config: EngineConfig) -> None:
+        method = config.spec_method
+        if method is not None and method not in cls.spec_methods:
+            raise EngineError(
+                f"hf engine: speculative method {method!r} not supported; choose from: "
+                + ", ".join(cls.spec_methods)
+            )
+        spec_settings(config.spec_config)
+        if config.dtype not in ("auto", *_DTYPES):
+            raise EngineError(f"hf engine: dtype {config.dtype!r}; choose auto or {_DTYPES}")
+        paths = [("model", config.model), ("tokenizer", config.tokenizer)]
+        if method == "draft_model":
+            draft = cls._draft_name(config)
+            if not draft:
+                raise EngineError("hf engine: draft_model needs a draft model (spec 'model')")
+            paths.append(("draft model", draft))
+        for what, name in paths:
+            if name and _looks_local(name) and not os.path.exists(os.path.expanduser(name)):
+                raise EngineError(f"hf engine: {what} path not found: {name}")
+
+    @staticmethod
+    def _draft_name(config: EngineConfig) -> str | None:
+        spec = config.spec_config or {}
+        return config.draft_model or spec.get("model")
+
+    async def start(self) -> None:
+        self.validate(self.config)
+        await asyncio.to_thread(self._load)
+
+    def _load(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        cfg = self.config
+        dev = cfg.device
+        self.device = ("cuda" if torch.cuda.is_available() else "cpu") if dev == "auto" else dev
+        on_cuda = self.device.startswith("cuda")
+        name = cfg.dtype if cfg.dtype != "auto" else ("float16" if on_cuda else "float32")
+        self.dtype = getattr(torch, name)
+
+        def load(path: str, **kw: Any) -> Any:
+            try:
+                m = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype, **kw)
+            except Exception as e:  # hub id offline, bad directory, ...
+                raise EngineError(f"hf engine: cannot load {path}: {str(e).splitlines()[0]}") from e
+            return m.to(self.device).eval()
+
+        tok_name = cfg.tokenizer or cfg.model
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(tok_name)
+        except Exception as e:
+            raise EngineError(f"hf engine: cannot load tokenizer {tok_name}: {e}") from e
+        self.model = load(cfg.model, **dict(cfg.engine_args))
+        if cfg.spec_method == "draft_model":
+            self.draft = load(str(self._draft_name(cfg)))
+            tv = self.model.config.get_text_config().vocab_size
+            dv = self.draft.config.get_text_config().vocab_size
+            if tv != dv:
+                raise EngineError(f"hf engine: draft vocabulary ({dv}) != target vocabulary ({tv})")
+        if cfg.spec_config is not None:
+            patch_candidate_generator(self.model, self._counter)
+
+    async def close(self) -> None:
+        on_cuda = bool(self.device and self.device.startswith("cuda"))
+        self.model = self.draft = self.tokenizer = None
+        gc.collect()
+        if on_cuda:
+            import torch
+
+            torch.cuda.empty_cache()
+
+    def describe(self) -> Mapping[str, Any]:
+        import torch
+        import transformers
+
+        spec = dict(self._spec)
+        if self.config.spec_method == "ngram" and self.config.spec_config:
+            spec["prompt_lookup_min_ignored"] = self.config.spec_config.get("prompt_lookup_min")
+        return {
+            "engine": self.name,
+            "device": self.device,
+            "dtype": str(self.dtype).removeprefix("torch.") if self.dtype else self.config.dtype,
+            "model": self.config.model,
+            "draft": self._draft_name(self.config)
+            if self.config.spec_method == "draft_model"
+            else None,
+            "spec_method": self.config.spec_method,
+            "generation_kwargs": spec,
+            "ignore_eos": "eos_token_id=[] (EOS may be generated; generation goes on)",
+            "max_batch": self.max_batch(),
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+        }
+
+    def spec_counters(self) -> SpecCounters | None:
+        return None if self.config.spec_config is None else self._counter.snapshot()
+
+    def max_batch(self) -> int | None:
+        return None if self.config.spec_config is None else 1
+
+    # ---- generation --------------------------------------------------------------------------
+    def _encode(self, request: Request) -> tuple[list[int], bool]:
+        tok = self.tokenizer
+        if request.messages is not None:
+            if getattr(tok, "chat_template", None):
+                text = tok.apply_chat_template(
+                    [dict(m) for m in request.messages], add_generation_prompt=True, tokenize=False
+                )
+                return list(tok(text, add_special_tokens=False)["input_ids"]), True
+            text = "\n".join(str(m.get("content", "")) for m in request.messages)
+            return list(tok(text)["input_ids"]), False
+        return list(tok(request.prompt or "")["input_ids"]), False
+
+    def _eos_ids(self) -> set[int]:
+        ids = self.model.generation_config.eos_token_id
+        ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+        if self.tokenizer.eos_token_id is not None:
+            ids.append(self.tokenizer.eos_token_id)
+        return set(ids)
+
+    def _gen_config(self, params: GenParams, max_new: int) -> Any:
+        gc_ = copy.deepcopy(self.model.generation_config)
+        pad = self.tokenizer.pad_token_id
+        if pad is None:
+            pad = next(iter(sorted(self._eos_ids())), 0)
+        kw: dict[str, Any] = {
+            "max_new_tokens": max_new,
+            "pad_token_id": pad,
+            "min_new_tokens": None,
+        }
+        if params.temperature > 0:
+            kw.update(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0)
+        else:
+            kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if params.ignore_eos:
+            # An empty EOS list (None would be refilled from the model's defaults): EOS can
+            # still be generated and generation continues, as vLLM's ignore_eos does.
+            kw["eos_token_id"] = []
+        kw.update(self._spec)
+        gc_.update(**kw)
+        return gc_
+
+    def _run(
+        self,
+        inputs: dict[str, Any],
+        params: GenParams,
+        max_new: int,
+        streamer: Any,
+        stop: threading.Event,
+    ) -> None:
+        import torch
+        from transformers import StoppingCriteria, StoppingCriteriaList
+
+        class _Stop(StoppingCriteria):
+            def __call__(self, input_ids: Any, scores: Any, **kw: Any) -> Any:
+                return torch.full((input_ids.shape[0],), stop.is_set(), device=input_ids.device)
+
+        try:
+            with self._lock:
+                extra: dict[str, Any] = {}
+                if self.draft is not None:
+                    # the heuristic schedule and the confidence threshold live on (and are
+                    # mutated in) the assistant's own generation_config: re-set them each call
+                    for k in (
+                        "num_assistant_tokens",
+                        "num_assistant_tokens_schedule",
+                        "assistant_confidence_threshold",
+                    ):
+                        setattr(self.draft.generation_config, k, self._spec[k])
+                    extra["assistant_model"] = self.draft
+                if params.temperature > 0:
+                    torch.manual_seed(params.seed)
+                self.model.generate(
+                    **{k: v.to(self.device) for k, v in inputs.items()},
+                    generation_config=self._gen_config(params, max_new),
+                    streamer=streamer,
+                    stopping_criteria=StoppingCriteriaList([_Stop()]),
+                    **extra,
+                )
+        except BaseException as e:  # forwarded to the generator, re-raised there
+            streamer.push(_ERROR, e)
+        finally:
+            streamer.push(_END)
+
+    async def _generate(
+        self, rows: list[list[int]], params: GenParams, max_new: int
+    ) -> AsyncIterator[list[int]]:
+        """Left-padded ``generate`` in a worker thread; yields each put's token ids."""
+        import torch
+
+        if self.model is None:
+            raise EngineError("hf engine: not started")
+        width = max(len(r) for r in rows)
+        pad = self.tokenizer.pad_token_id
+        pad = pad if pad is not None else 0
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long)
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        streamer = _streamer_class()(loop, queue)
+        stop = threading.Event()
+        inputs = {"input_ids": ids, "attention_mask": mask}
+        thread = threading.Thread(
+            target=self._run, args=(inputs, params, max_new, streamer, stop), daemon=True
+        )
+        thread.start()
+        try:
+            while True:
+                kind, value = await queue.get()
+                if kind == _END:
+                    return
+                if kind == _ERROR:
+                    raise value
+                yield value
+        finally:
+            stop.set()
+            await asyncio.to_thread(thread.join)
+
+    async def stream(self, request: Request, params: GenParams) -> AsyncIterator[Chunk]:
+        ids, chat = self._encode(request)
+        max_new = request.max_new_tokens or params.max_new_tokens
+        first = True
+        async for new in self._generate([ids], params, max_new):
+            if not new:
+                continue
+            if first:
+                yield Chunk(
+                    token_ids=tuple(new), prompt_tokens=len(ids), info={"chat_template": chat}
+                )
+                first = False
+            else:
+                yield Chunk(token_ids=tuple(new))
+
+    async def stream_batch(
+        self, requests: Sequence[Request], params: GenParams
+    ) -> AsyncIterator[tuple[int, Chunk]]:
+        if self.config.spec_config is not None:
+            raise UnsupportedError(
+                f"hf engine: {self.config.spec_method} supports batch size 1 only"
+            )
+        encoded = [self._encode(r) for r in requests]
+        limits = [r.max_new_tokens or params.max_new_tokens for r in requests]
+        eos = set() if params.ignore_eos else self._eos_ids()
+        counts = [0] * len(requests)
+        done = [False] * len(requests)
+        async for step in self._generate([e[0] for e in encoded], params, max(limits)):
+            for i, t in enumerate(step):
+                if done[i]:
+                    continue  # padding after this row's EOS / limit
+                ids, chat = encoded[i]
+                first = counts[i] == 0
+                counts[i] += 1
+                done[i] = t in eos or counts[i] >= limits[i]
+                if first:
+                    yield i, Chunk((t,), prompt_tokens=len(ids), info={"chat_template": chat})
+                else:
+                    yield i, Chunk((t,))
+            if all(done):
+                return
+
+    # ---- theory vs measurement ---------------------------------------------------------------
+    def step_costs(self, n: int = 20) -> dict[str, Any] | None:
+        """Average single-token decode forward time of the target and the draft (KV cache of a
+        short prompt), and their ratio ``c``. A micro-measurement called outside runs, so this
+        is the one place the engine reads the clock (time.perf_counter)."""
+        import time
+
+        import torch
+
+        if self.model is None:
+            return None
+        ids = torch.tensor([self._encode(Request(id="c", prompt="The quick brown fox"))[0]])
+
+        def per_step(model: Any) -> float:
+            x = ids.to(self.device)
+            sync = torch.cuda.synchronize if self.device.startswith("cuda") else (lambda: None)
+            with torch.inference_mode():
+                out = model(input_ids=x, use_cache=True)
+                past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+                model(input_ids=tok, past_key_values=past, use_cache=True)  # warm-up
+                past.crop(-1)
+                sync()
+                t0 = time.perf_counter()  # allowed: micro-measurement outside request timing
+                for _ in range(n):
+                    model(input_ids=tok, past_key_values=past, use_cache=True)
+                    past.crop(-1)  # back to the prompt: every step sees the same cache length
+                sync()
+                return (time.perf_counter() - t0) / n
+
+        with self._lock:
+            target = per_step(self.model)
+            draft = per_step(self.draft) if self.draft is not None else None
+        return {
+            "target_step_s": target,
+            "draft_step_s": draft,
+            "c": None if draft is None else draft / target,
+        }
+
+
+def len_hint(spec: Mapping[str, Any] | None) -> int:
+    """accepted_per_pos length to start with: K (it grows if more tokens are drafted)."""
+    k = (spec or {}).get("num_speculative_tokens")
+    return k if isinstance(k, int) and k > 0 and not (spec or {}).get("hf_defaults") else 0

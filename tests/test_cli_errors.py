@@ -1,0 +1,181 @@
+"""Bad input: one line on stderr naming what and where, exit code 2, no traceback, nothing loaded."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def files(tmp_path):
+    def write(name: str, content: str | bytes) -> str:
+        p = tmp_path / name
+        p.write_bytes(content if isinstance(content, bytes) else content.encode())
+        return str(p)
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(
+        json.dumps({"vocab_size": 100, "max_position_embeddings": 512})
+    )
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text(
+        json.dumps({"vocab_size": 120, "max_position_embeddings": 512})
+    )
+    nocfg = tmp_path / "nocfg"
+    nocfg.mkdir()
+    return {
+        "write": write,
+        "model": str(model),
+        "draft": str(draft),
+        "nocfg": str(nocfg),
+        "tmp": tmp_path,
+    }
+
+
+def case(argv, expect):
+    return (argv, expect)
+
+
+CASES = {
+    "malformed jsonl": (["--workload", "{w:bad.jsonl}"], ["bad.jsonl:2:"]),
+    "missing prompt": (["--workload", "{w:noprompt.jsonl}"], ["noprompt.jsonl:1:", "prompt"]),
+    "wrong type": (["--workload", "{w:type.jsonl}"], ["type.jsonl:1:", "max_new_tokens"]),
+    "empty prompt": (["--workload", "{w:empty_prompt.jsonl}"], ["empty_prompt.jsonl:1:", "prompt"]),
+    "empty file": (["--workload", "{w:empty.jsonl}"], ["empty.jsonl", "empty"]),
+    "non utf8": (["--workload", "{w:latin.jsonl}"], ["latin.jsonl", "UTF-8"]),
+    "sharegpt no human": (
+        ["--workload", "{w:share.json}"],
+        ["share.json", "entry 0", "conversations"],
+    ),
+    "max_new_tokens 0 in file": (
+        ["--workload", "{w:zero.jsonl}"],
+        ["zero.jsonl:1:", "max_new_tokens"],
+    ),
+    "max_new_tokens flag 0": (["--max-new-tokens", "0"], ["--max-new-tokens", "must be > 0"]),
+    "max_new_tokens too large": (
+        ["--model", "{model}", "--max-new-tokens", "100000"],
+        ["--max-new-tokens", "512"],
+    ),
+    "unknown engine": (["--engine", "tgi"], ["unknown engine 'tgi'", "vllm"]),
+    "unknown spec method": (["--spec", "medusa2"], ["--spec", "medusa2", "ngram"]),
+    "unknown workload": (["--workload", "nosuch"], ["nosuch", "specbench"]),
+    "missing model path": (["--model", "./no/such/model"], ["--model", "no/such/model"]),
+    "missing draft path": (
+        ["--model", "{model}", "--draft-model", "/no/such/draft", "--spec", "draft_model"],
+        ["--draft-model", "/no/such/draft"],
+    ),
+    "not a model dir": (["--model", "{nocfg}"], ["nocfg", "config.json"]),
+    "vocab mismatch": (
+        ["--model", "{model}", "--draft-model", "{draft}", "--spec", "draft_model"],
+        ["vocabulary", "120", "100"],
+    ),
+    "bad spec-config json": (
+        ["--spec-config", "{method: ngram"],
+        ["--spec-config", "invalid JSON"],
+    ),
+    "spec-config not object": (["--spec-config", "[1]"], ["--spec-config", "JSON object"]),
+    "bad engine-args json": (["--engine-args", "{'a': 1}"], ["--engine-args", "invalid JSON"]),
+    "concurrency in latency mode": (
+        ["--mode", "latency", "--concurrency", "4"],
+        ["--concurrency", "throughput"],
+    ),
+    "no-baseline without spec": (["--no-baseline"], ["--no-baseline", "--spec"]),
+    "openai without base-url": (["--engine", "openai"], ["--base-url"]),
+    "bad goodput": (["--goodput", "ttft=5"], ["--goodput"]),
+    "bad mode": (["--mode", "fast"], ["--mode", "fast"]),
+    "resume without journal": (["--resume", "{tmp}"], ["--resume", "journal"]),
+}
+
+FILES = {
+    "bad.jsonl": '{"id": 1, "prompt": "a"}\n{"id": 2, "prompt": \n',
+    "noprompt.jsonl": '{"id": 1}\n',
+    "type.jsonl": '{"id": 1, "prompt": "a", "max_new_tokens": "ten"}\n',
+    "empty_prompt.jsonl": '{"id": 1, "prompt": ""}\n',
+    "empty.jsonl": "",
+    "latin.jsonl": b'{"id": 1, "prompt": "caf\xe9"}\n',
+    "share.json": json.dumps([{"id": "a", "conversations": [{"from": "gpt", "value": "hi"}]}]),
+    "zero.jsonl": '{"id": 1, "prompt": "a", "max_new_tokens": 0}\n',
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bad_input_one_line_exit_2(name, files, capsys):
+    argv, expect = CASES[name]
+    subst = {k: v for k, v in files.items() if isinstance(v, str)}
+    subst["tmp"] = str(files["tmp"])
+    out = []
+    for a in argv:
+        if a.startswith("{w:"):
+            fname = a[3:-1]
+            out.append(files["write"](fname, FILES[fname]))
+        elif a.startswith("{") and a.endswith("}") and a[1:-1] in subst:
+            out.append(subst[a[1:-1]])
+        else:
+            out.append(a)
+    code = main([*out, "--quiet", "--output-dir", str(files["tmp"] / "out")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    for piece in expect:
+        assert piece in lines[0], (piece, lines[0])
+    assert not (files["tmp"] / "out").exists()  # nothing ran
+
+
+def test_subprocess_exit_code_and_no_traceback(tmp_path):
+    bad = tmp_path / "w.jsonl"
+    bad.write_text('{"id": 1, "prompt": "x"}\nnot json\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", "--workload", str(bad)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and f"{bad}:2:" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_help_documents_every_flag():
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0
+    for flag in (
+        "--engine",
+        "--spec",
+        "--num-spec-tokens",
+        "--spec-config",
+        "--engine-args",
+        "--mode",
+        "--concurrency",
+        "--request-rate",
+        "--burstiness",
+        "--max-new-tokens",
+        "--repeats",
+        "--warmup",
+        "--output-dir",
+        "--base-url",
+        "--api-key-env",
+        "--goodput",
+        "--resume",
+        "--max-error-rate",
+        "--no-baseline",
+    ):
+        assert flag in proc.stdout
