@@ -23,6 +23,7 @@ class RequestRecord:
     output_token_ids: tuple[int, ...] | None = None
     prompt_tokens: int | None = None
     usage_output_tokens: int | None = None  # the server's own count, when it gave one
+    output_text: str | None = None  # when the engine streamed text (used by the sanity check)
     ok: bool = True
     error: str | None = None
     warmup: bool = False
@@ -90,6 +91,7 @@ class RequestRecord:
             if self.output_token_ids is None
             else list(self.output_token_ids),
             "usage_output_tokens": self.usage_output_tokens,
+            "output_text": self.output_text,
             "ok": self.ok,
             "error": self.error,
             "warmup": self.warmup,
@@ -117,6 +119,7 @@ class RequestRecord:
             output_token_ids=None if ids is None else tuple(int(x) for x in ids),
             prompt_tokens=d.get("prompt_tokens"),
             usage_output_tokens=d.get("usage_output_tokens"),
+            output_text=d.get("output_text"),
             ok=bool(d.get("ok", True)),
             error=d.get("error"),
             warmup=bool(d.get("warmup", False)),

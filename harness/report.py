@@ -8,6 +8,7 @@ from typing import Any
 from tabulate import tabulate
 
 from harness.analysis import group_runs
+from harness.insight import crossover_lines, fmt_ratio, sanity, theory
 from harness.results import Run
 from harness.stats import instability, summarize
 
@@ -17,14 +18,6 @@ def fmt(x: Any, scale: float = 1.0, digits: int = 1) -> str:
     if x is None:
         return "n/a"
     return f"{x * scale:.{digits}f}"
-
-
-def fmt_ratio(c: Mapping[str, Any] | None) -> str:
-    if not c or c.get("ratio") is None:
-        return "n/a"
-    if c.get("ci_low") is None:
-        return f"{c['ratio']:.2f}x (no CI)"
-    return f"{c['ratio']:.2f}x [{c['ci_low']:.2f}, {c['ci_high']:.2f}]"
 
 
 def _pooled(runs: list[Run]) -> dict[str, Any]:
@@ -120,6 +113,7 @@ def render(results: Mapping[str, Any]) -> str:
                     (f"{fmt_ratio(comp)} vs {base_name.split('/')[-1]}" if comp else "n/a"),
                     comp.get("verdict", "n/a") if comp else "n/a",
                     _lossless(comp),
+                    _sanity(rs),
                 ]
             )
         headers = [
@@ -158,6 +152,10 @@ def render(results: Mapping[str, Any]) -> str:
             if key not in seen:
                 seen.add(key)
                 lines.append(f"- {key[0]}/{key[1]}, {key[2]}, {key[3]}: {key[4]}")
+    lines += _theory_table(groups, comps)
+    cross = crossover_lines(comps)
+    if cross:
+        lines += ["", "## Crossover", "", *[f"- {x}" for x in cross]]
     lines += _comparison_table(comps)
     lines += [
         "",
@@ -169,6 +167,65 @@ def render(results: Mapping[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _sanity(runs: list[Run]) -> str:
+    s = sanity([r for run in runs for r in run.records])
+    if not s["outputs"]:
+        return "n/a"
+    parts = [f"{k} {s[k]:.0%}" for k in ("whitespace", "repetition") if s[k]]
+    return ", ".join(parts) if parts else "none"
+
+
+def _theory_table(
+    groups: Mapping[tuple[Any, ...], list[Run]], comps: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    rows = []
+    for (engine, label, mode, load, mnt, _), rs in groups.items():
+        if mode != "latency" or rs[0].spec_config is None:
+            continue
+        th = theory(rs[0].spec_config, _spec(rs), rs[0].engine_info)
+        if th is None:
+            continue
+        comp = _find(comps, f"{engine}/{label}", mode, dict(load), mnt, "output_tok_s")
+        rows.append(
+            [
+                f"{engine}/{label}",
+                mnt,
+                fmt(th["alpha"], 1, 2),
+                th["gamma"],
+                fmt(th["c"], 1, 3) + (f" ({th['c_source']})" if th["c_source"] else " (unknown)"),
+                fmt(th["expected_tokens_per_pass"], 1, 2),
+                fmt(th.get("predicted_speedup"), 1, 2),
+                fmt_ratio(comp),
+                th.get("best_gamma", "n/a"),
+            ]
+        )
+    if not rows:
+        return []
+    return [
+        "",
+        "## Theory vs measurement (latency mode)",
+        "",
+        "Leviathan et al. (2023): E = (1 - alpha^(gamma+1)) / (1 - alpha) tokens per target pass; "
+        "predicted speedup = E / (gamma*c + 1), c = draft step cost / target step cost.",
+        "",
+        tabulate(
+            rows,
+            headers=[
+                "engine/variant",
+                "max tok",
+                "alpha",
+                "gamma",
+                "c",
+                "E tok/pass",
+                "predicted",
+                "measured tok/s speedup",
+                "best gamma",
+            ],
+            tablefmt="github",
+        ),
+    ]
 
 
 def _lossless(comp: Mapping[str, Any] | None) -> str:

@@ -37,6 +37,7 @@ class _Timing:
     sizes: list[int] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
     ids_known: bool = True
+    text: list[str] = field(default_factory=list)
     prompt_tokens: int | None = None
     usage_output: int | None = None
     info: dict[str, Any] = field(default_factory=dict)
@@ -48,6 +49,8 @@ class _Timing:
             self.usage_output = chunk.usage_output_tokens
         if chunk.info:
             self.info.update(chunk.info)
+        if chunk.text:
+            self.text.append(chunk.text)
         if chunk.size <= 0:
             return
         self.times.append(t)
@@ -67,6 +70,7 @@ class _Timing:
             output_token_ids=tuple(self.ids) if self.ids_known else None,
             prompt_tokens=self.prompt_tokens,
             usage_output_tokens=self.usage_output,
+            output_text="".join(self.text) if self.text else None,
             ok=error is None,
             error=error,
             warmup=self.warmup,
