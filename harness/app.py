@@ -102,15 +102,15 @@ def build_plan(args: argparse.Namespace, model: str, draft: str | None) -> RunPl
 
 def resolve_models(args: argparse.Namespace) -> tuple[str, str | None]:
     """The embedded pair when asked for ("embedded"), else the user's ids/paths unchanged."""
-    from harness import models
-
     model, draft = args.model, args.draft_model
-    if model == "embedded" or (draft or "").startswith("embedded"):
-        models.ensure_embedded(progress=not args.quiet)
     if model == "embedded" and draft is None:
         draft = "embedded:draft"
-    model = models.resolve_model(model)
-    draft = models.resolve_model(draft) if draft else None
+    if model.startswith("embedded") or (draft or "").startswith("embedded"):
+        from harness import models
+
+        models.ensure_embedded(progress=not args.quiet)
+        model = models.resolve_model(model)
+        draft = models.resolve_model(draft) if draft else None
     for flag, value in (("--model", model), ("--draft-model", draft)):
         if value and _looks_like_path(value) and not Path(value).exists():
             raise UsageError(f"{flag}: {value}: no such file or directory")

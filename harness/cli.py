@@ -239,6 +239,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--repeats", type=positive_int, default=3, help="repeats of each cell (default 3)"
     )
     r.add_argument(
+        "--target-ci",
+        type=positive_float,
+        default=None,
+        metavar="W",
+        help="keep repeating a point until the 95%% CI half-width of its output tok/s is under W "
+        "(relative, e.g. 0.05), up to --max-repeats",
+    )
+    r.add_argument(
+        "--max-repeats", type=positive_int, default=10, help="cap for --target-ci (default 10)"
+    )
+    r.add_argument(
         "--warmup",
         type=non_negative_int,
         default=2,

@@ -131,6 +131,7 @@ def render(results: Mapping[str, Any]) -> str:
             "speedup tok/s [95% CI]",
             "verdict",
             "identical to baseline",
+            "degenerate out",
         ]
         lines.append(tabulate(rows, headers=headers, tablefmt="github"))
         bad = [

@@ -177,10 +177,9 @@ class Session:
                 bar.close()
         if self.stop and status == "ok":
             status = f"stopped: {self.stop.reason}"
-        self._finish(
-            Run(cell, config.spec_config, tuple(records), t0, spec_metrics, info, status, extra),
-            status,
-        )
+        run = Run(cell, config.spec_config, tuple(records), t0, spec_metrics, info, status, extra)
+        self._finish(run, status)
+        return run
 
     def _finish(self, run: Run, status: str) -> None:
         self.runs.append(run)
