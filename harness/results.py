@@ -190,8 +190,8 @@ def read_journal(path: Path) -> Iterator[dict[str, Any]]:
 
 
 def runs_from_journal(path: Path) -> tuple[list[Run], set[str]]:
-    """Rebuild runs from a journal: every run that started (finished ones marked so), and the
-    keys of the runs that finished."""
+    """Rebuild runs from a journal: every run that started (with its end status, "interrupted"
+    when it has none), and the keys of the runs that finished (ok or unsupported: not redone)."""
     heads: dict[str, dict[str, Any]] = {}
     recs: dict[str, list[RequestRecord]] = {}
     ends: dict[str, dict[str, Any]] = {}
@@ -217,4 +217,9 @@ def runs_from_journal(path: Path) -> tuple[list[Run], set[str]]:
                 extra=end.get("extra") or {},
             )
         )
-    return runs, set(ends)
+    finished = {
+        k
+        for k, e in ends.items()
+        if e.get("status") == "ok" or str(e.get("status")).startswith("unsupported")
+    }
+    return runs, finished

@@ -1,0 +1,184 @@
+"""The whole harness, end to end, on the real HF engine and the embedded pair (subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def harness(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        **kw,
+    )
+
+
+@pytest.fixture(scope="module")
+def hf_run(tmp_path_factory, embedded_pair):
+    out = tmp_path_factory.mktemp("hf")
+    proc = harness(
+        "--engine",
+        "hf",
+        "--spec",
+        "--mode",
+        "latency",
+        "--num-prompts",
+        "4",
+        "--max-new-tokens",
+        "32",
+        "--repeats",
+        "2",
+        "--warmup",
+        "1",
+        "--output-dir",
+        str(out),
+        "--quiet",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+def test_results_json_has_the_schema(hf_run):
+    out, proc = hf_run
+    res = json.loads((out / "results.json").read_text())
+    assert res["schema_version"] == 1 and res["status"] == "complete"
+    for key in ("python", "torch", "transformers", "vllm"):
+        assert key in res["environment"]
+    labels = {r["label"] for r in res["runs"]}
+    assert labels == {"baseline", "draft_model", "ngram"}
+    for run in res["runs"]:
+        assert {
+            "engine",
+            "variant",
+            "spec_config",
+            "mode",
+            "workload",
+            "max_new_tokens",
+            "load",
+            "repeat",
+            "records",
+            "summary",
+            "spec_metrics",
+        } <= set(run)
+        rec = run["records"][-1]
+        assert {
+            "id",
+            "prompt_tokens",
+            "output_tokens",
+            "ttft_s",
+            "e2e_s",
+            "itl_s",
+            "ok",
+            "error",
+        } <= set(rec)
+        assert run["summary"]["completed"] == 4
+        if run["variant"] == "spec":
+            m = run["spec_metrics"]
+            assert m["num_drafts"] > 0
+            assert 0 < m["acceptance_rate"] < 1, m
+            assert m["mean_acceptance_length"] == pytest.approx(
+                1 + m["num_accepted_tokens"] / m["num_drafts"]
+            )
+        else:
+            assert run["spec_metrics"] is None
+    warm = [r for run in res["runs"] for r in run["records"] if r["warmup"]]
+    assert warm, "warm-up requests are kept in the JSON"
+    comps = [c for c in res["comparisons"] if c["metric"] == "output_tok_s"]
+    assert {c["candidate"] for c in comps} == {"hf/draft_model", "hf/ngram"}
+    for c in comps:
+        assert c["ci_low"] <= c["ratio"] <= c["ci_high"] and c["verdict"]
+        assert c["lossless"]["compared"] == 4
+
+
+def test_summary_is_printed_and_report_rebuilds_it(hf_run):
+    out, proc = hf_run
+    summary = (out / "summary.md").read_text()
+    assert "hf/draft_model" in summary and "accept rate" in summary
+    assert summary.split("## Plots")[0].strip() in proc.stdout
+    again = harness("report", str(out / "results.json"))
+    assert again.returncode == 0
+    assert again.stdout.strip() == summary.split("## Plots")[0].strip()
+    for png in ("latency_cdf.png", "acceptance_by_position.png"):
+        assert (out / png).stat().st_size > 1000 and f"({png})" in summary
+
+
+def test_compare_two_files_and_refuse_different_prompts(hf_run, tmp_path):
+    out, _ = hf_run
+    res = json.loads((out / "results.json").read_text())
+    other = tmp_path / "b" / "results.json"
+    other.parent.mkdir()
+    other.write_text(json.dumps(res))
+    ok = harness("compare", str(out / "results.json"), str(other))
+    assert ok.returncode == 0 and "Paired comparisons" in ok.stdout
+    res["workload"]["fingerprint"] = "different"
+    other.write_text(json.dumps(res))
+    bad = harness("compare", str(out / "results.json"), str(other))
+    assert bad.returncode == 2 and "different prompt sets" in bad.stderr and "--force" in bad.stderr
+    forced = harness("compare", str(out / "results.json"), str(other), "--force")
+    assert forced.returncode == 0
+
+
+def test_sigint_keeps_finished_records_and_resume_finishes(tmp_path, embedded_pair):
+    out = tmp_path / "cut"
+    args = [
+        "--engine",
+        "hf",
+        "--mode",
+        "latency",
+        "--num-prompts",
+        "12",
+        "--max-new-tokens",
+        "48",
+        "--repeats",
+        "2",
+        "--warmup",
+        "0",
+        "--output-dir",
+        str(out),
+        "--quiet",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    journal = out / "journal.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if journal.exists() and journal.read_text().count('"kind": "record"') >= 3:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "partial results in" in err and "Traceback" not in err
+    res = json.loads((out / "results.json").read_text())
+    assert res["status"].startswith("interrupted")
+    kept = [r for run in res["runs"] for r in run["records"] if r["ok"]]
+    assert len(kept) >= 3
+    assert not psutil.Process(os.getpid()).children(recursive=True)
+    # resume: the interrupted cell is run again, nothing finished is redone
+    done = harness(*args[:-3], "--resume", str(out), "--quiet")
+    assert done.returncode == 0, done.stderr[-2000:]
+    res = json.loads((out / "results.json").read_text())
+    assert res["status"] == "complete"
+    finished = [r for r in res["runs"] if r["status"] == "ok"]
+    assert sorted(r["repeat"] for r in finished) == [0, 1]
+    assert all(r["summary"]["completed"] == 12 for r in finished)
