@@ -1,0 +1,420 @@
+"""An existing OpenAI-compatible server (vLLM, SGLang, TGI, ...) over aiohttp, streamed with SSE.
+
+Requests are spread round-robin over ``base_urls``. vLLM servers are asked for per-chunk token
+ids (``return_token_ids``), ``ignore_eos`` and ``min_tokens``; other servers get plain OpenAI
+requests and every SSE event with new text counts as one token (the server's usage corrects the
+total). Speculative counters and load gauges come from ``/metrics`` (see :mod:`engines.prom`).
+No torch, transformers or vllm import: an HTTP run stays light.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, ClassVar
+from urllib.parse import urlparse
+
+import aiohttp
+
+from engines import prom
+from engines.base import SPEC_METHODS, Chunk, EngineConfig, EngineError, GenParams, SpecCounters
+from workloads.base import Request
+
+# option -> accepted types (None = may be left unset)
+OPTIONS: dict[str, tuple[type, ...]] = {
+    "base_urls": (list, tuple),
+    "api_key_env": (str,),
+    "api_key_file": (str,),
+    "served_model": (str,),
+    "endpoint": (str, type(None)),
+    "request_timeout": (int, float),
+    "max_concurrency": (int, type(None)),
+    "vllm_extras": (bool, type(None)),
+    "extra_body": (dict,),
+}
+ENDPOINTS = {"completions": "/completions", "chat": "/chat/completions"}
+READ_BUFSIZE = 1 << 24  # 16 MiB; lines are split by hand anyway, so no line-length limit
+MAX_EVENT = 1 << 28  # 256 MiB: a "line" longer than this is a broken server, not a token
+START_TIMEOUT = 30.0
+KEEPALIVE_S = 4.0  # below uvicorn's 5 s, so a pooled connection is never one the server closed
+
+
+class RequestFailed(Exception):
+    """One request failed; ``str(exc)`` is one line starting with ``kind`` (e.g. ``http 429: ...``).
+
+    Kinds: ``http`` (with ``status``), ``connection refused``, ``connection reset``,
+    ``incomplete stream``, ``bad sse``, ``server error`` (an error event in the stream),
+    ``timeout``, ``unsupported``, ``client error``.
+    """
+
+    def __init__(self, kind: str, detail: str = "", status: int | None = None) -> None:
+        self.kind = kind
+        self.status = status
+        head = f"{kind} {status}" if status is not None else kind
+        text = f"{head}: {detail}" if detail else head
+        super().__init__(" ".join(text.split())[:500])
+
+
+def split_base_url(url: str) -> tuple[str, str]:
+    """``http://h:p/v1`` or ``http://h:p`` -> (root ``http://h:p``, api ``http://h:p/v1``)."""
+    url = url.rstrip("/")
+    root = url[: -len("/v1")] if url.endswith("/v1") else url
+    return root, root + "/v1"
+
+
+def _check_url(url: Any) -> None:
+    if not isinstance(url, str):
+        raise EngineError(f"base_urls: {url!r} is not a string")
+    u = urlparse(url)
+    if u.scheme not in ("http", "https") or not u.netloc:
+        raise EngineError(f"base_urls: {url!r} is not an http(s) URL")
+
+
+async def sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
+    """The ``data`` of each SSE event (multi-line data joined by newlines), in order.
+
+    Lines are split by hand over ``iter_any`` so no line-length limit applies (aiohttp's
+    ``readline`` fails on lines above its buffer; vLLM issue #39963).
+    """
+    buf = bytearray()
+    data: list[str] = []
+    scan = 0
+    async for piece in resp.content.iter_any():
+        buf += piece
+        while True:
+            i = buf.find(b"\n", scan)
+            if i < 0:
+                scan = len(buf)
+                if scan > MAX_EVENT:
+                    raise RequestFailed("bad sse", f"line longer than {MAX_EVENT} bytes")
+                break
+            line = bytes(buf[:i]).rstrip(b"\r")
+            del buf[: i + 1]
+            scan = 0
+            if not line:
+                if data:
+                    yield "\n".join(data)
+                    data = []
+                continue
+            field, _, value = line.partition(b":")
+            if field == b"data":
+                data.append(value[1:].decode() if value[:1] == b" " else value.decode())
+            # comments (":...") and other fields (event, id, retry) carry nothing we use
+    tail = bytes(buf).rstrip(b"\r")
+    if tail.startswith(b"data:"):
+        data.append(tail[5:].lstrip(b" ").decode())
+    if data:
+        yield "\n".join(data)
+
+
+def _choice_text(choice: Mapping[str, Any], chat: bool) -> str:
+    if not chat:
+        return str(choice.get("text") or "")
+    delta = choice.get("delta") or {}
+    text = str(delta.get("content") or "")
+    text += str(delta.get("reasoning_content") or delta.get("reasoning") or "")
+    for call in delta.get("tool_calls") or ():
+        text += str(((call or {}).get("function") or {}).get("arguments") or "")
+    return text
+
+
+def parse_event(obj: Any, chat: bool) -> list[Chunk]:
+    """The chunks one decoded SSE event carries (choice 0 only; usage as a zero-token chunk)."""
+    if not isinstance(obj, dict):
+        raise RequestFailed("bad sse", f"event is not a JSON object: {str(obj)[:80]}")
+    if obj.get("error"):
+        err = obj["error"]
+        msg = err.get("message", err) if isinstance(err, dict) else err
+        raise RequestFailed("server error", str(msg))
+    out: list[Chunk] = []
+    for choice in obj.get("choices") or ():
+        if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+            continue
+        text = _choice_text(choice, chat)
+        raw = choice.get("token_ids")
+        ids = tuple(int(t) for t in raw) if isinstance(raw, list) else None
+        n = len(ids) if ids is not None else (1 if text else 0)
+        finish = choice.get("finish_reason")
+        if n or finish:
+            out.append(Chunk(token_ids=ids or (), num_tokens=n, text=text, finish_reason=finish))
+    usage = obj.get("usage")
+    if isinstance(usage, dict):
+        out.append(
+            Chunk(
+                num_tokens=0,
+                prompt_tokens=usage.get("prompt_tokens"),
+                usage_output_tokens=usage.get("completion_tokens"),
+            )
+        )
+    return out
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    return " ".join(text.split())[:limit]
+
+
+class OpenAIEngine:
+    """Streams from one or more replicas of an OpenAI-compatible server."""
+
+    name: ClassVar[str] = "openai"
+    spec_methods: ClassVar[tuple[str, ...]] = SPEC_METHODS  # whatever the server runs
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.validate(config)
+        self.config = config
+        opts = config.options
+        self.base_urls: list[str] = [str(u).rstrip("/") for u in opts["base_urls"]]
+        self.endpoint: str | None = opts.get("endpoint")
+        self.request_timeout = float(opts.get("request_timeout", 600))
+        self.max_concurrency: int | None = opts.get("max_concurrency")
+        self.served_model: str | None = opts.get("served_model")
+        self.vllm_extras: bool | None = opts.get("vllm_extras")
+        self.extra_body: dict[str, Any] = dict(opts.get("extra_body") or {})
+        self.server_version: str | None = None
+        self._api_key = self._read_key()
+        self._session: aiohttp.ClientSession | None = None
+        self._rr = itertools.count()
+        self._spec: SpecCounters | None = None
+        self._owned_by_vllm = False
+
+    # ---- protocol --------------------------------------------------------------------------
+    @classmethod
+    def validate(cls, config: EngineConfig) -> None:
+        opts = config.options
+        unknown = sorted(set(opts) - set(OPTIONS))
+        if unknown:
+            raise EngineError(f"openai: unknown options {unknown}; known: {sorted(OPTIONS)}")
+        for key, value in opts.items():
+            types = OPTIONS[key]
+            if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+                raise EngineError(f"openai: option {key}={value!r} has the wrong type")
+        urls = opts.get("base_urls")
+        if not urls:
+            raise EngineError("openai: options.base_urls is required (a list of server URLs)")
+        for url in urls:
+            _check_url(url)
+        if opts.get("endpoint") not in (None, *ENDPOINTS):
+            raise EngineError(f"openai: endpoint must be one of {sorted(ENDPOINTS)} or null")
+        if float(opts.get("request_timeout", 600)) <= 0:
+            raise EngineError("openai: request_timeout must be > 0")
+        key_file = opts.get("api_key_file")
+        if key_file is not None and not Path(key_file).is_file():
+            raise EngineError(f"openai: api_key_file {key_file} does not exist")
+
+    async def start(self) -> None:
+        n = self.max_concurrency
+        connector = aiohttp.TCPConnector(
+            limit=0 if n is None else n + 16, limit_per_host=0, keepalive_timeout=KEEPALIVE_S
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector, read_bufsize=READ_BUFSIZE, headers=self._headers()
+        )
+        try:
+            models = [await self._models(url) for url in self.base_urls]
+        except BaseException:
+            await self.close()
+            raise
+        served = models[0]
+        if self.served_model is None:
+            if self.config.model in served:
+                self.served_model = self.config.model
+            elif served:
+                self.served_model = served[0]
+            else:
+                await self.close()
+                raise EngineError(f"openai: {self.base_urls[0]}/models lists no model")
+        elif served and self.served_model not in served:
+            await self.close()
+            raise EngineError(
+                f"openai: model {self.served_model!r} not served by {self.base_urls[0]} "
+                f"(serves: {', '.join(served[:5])})"
+            )
+        self.server_version = await self._version(self.base_urls[0])
+        if self.vllm_extras is None:
+            self.vllm_extras = self.server_version is not None or self._owned_by_vllm
+
+    def describe(self) -> Mapping[str, Any]:
+        return {
+            "base_urls": list(self.base_urls),
+            "served_model": self.served_model,
+            "endpoint": self.endpoint or "auto (completions for prompts, chat for messages)",
+            "server_version": self.server_version,
+            "vllm_extras": self.vllm_extras,
+            "request_timeout_s": self.request_timeout,
+            "max_concurrency": self.max_concurrency,
+            "api_key_env": self.config.options.get("api_key_env", "OPENAI_API_KEY"),
+            "api_key_set": self._api_key is not None,
+            "extra_body": dict(self.extra_body),
+        }
+
+    async def stream(self, request: Request, params: GenParams) -> AsyncIterator[Chunk]:
+        if self._session is None:
+            raise RuntimeError("openai: stream() before start()")
+        url = self.base_urls[next(self._rr) % len(self.base_urls)]
+        path, payload = self._payload(request, params)
+        chat = path == ENDPOINTS["chat"]
+        first = True
+        done = False
+        timeout = aiohttp.ClientTimeout(total=self.request_timeout)
+        try:
+            async with self._session.post(
+                split_base_url(url)[1] + path, json=payload, timeout=timeout
+            ) as resp:
+                if resp.status >= 400:
+                    body = await resp.text(errors="replace")
+                    raise RequestFailed("http", _one_line(body) or resp.reason or "", resp.status)
+                async for data in sse_events(resp):
+                    if data.strip() == "[DONE]":
+                        done = True
+                        break
+                    try:
+                        obj = json.loads(data)
+                    except ValueError as e:
+                        raise RequestFailed("bad sse", f"{e}: {_one_line(data, 80)}") from None
+                    for chunk in parse_event(obj, chat):
+                        if first:
+                            chunk = replace(chunk, info={"replica": url})
+                            first = False
+                        yield chunk
+        except RequestFailed:
+            raise
+        except asyncio.TimeoutError:
+            raise RequestFailed("timeout", f"after {self.request_timeout:g} s") from None
+        except aiohttp.ClientConnectorError as e:
+            kind = "connection refused"
+            if not isinstance(e.os_error, ConnectionRefusedError):
+                kind = "connect error"
+            raise RequestFailed(kind, f"{url}: {e}") from None
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as e:
+            raise RequestFailed("connection reset", f"{url}: {e!r}") from None
+        except aiohttp.ClientOSError as e:
+            raise RequestFailed("connection reset", f"{url}: {e}") from None
+        except aiohttp.ClientError as e:
+            raise RequestFailed("client error", f"{url}: {e!r}") from None
+        except UnicodeDecodeError as e:
+            raise RequestFailed("bad sse", str(e)) from None
+        if not done:
+            raise RequestFailed("incomplete stream", "no [DONE]")
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def spec_counters(self) -> SpecCounters | None:
+        """The snapshot the last :meth:`refresh_metrics` took (None before, or when unknown)."""
+        return self._spec
+
+    def max_batch(self) -> int | None:
+        return None
+
+    # ---- metrics ---------------------------------------------------------------------------
+    async def refresh_metrics(self) -> SpecCounters | None:
+        """Scrape every replica's /metrics, cache the summed spec counters and return them.
+
+        The cache becomes None when a replica has no spec counters while another has, or when a
+        scrape fails: a partial sum would make a wrong delta.
+        """
+        scrapes = await self._scrape_all()
+        if scrapes is None or len({s.spec is None for s in scrapes}) > 1:
+            self._spec = None
+        else:
+            self._spec = prom.combine(scrapes).spec
+        return self._spec
+
+    async def sample_load(self) -> dict[str, Any]:
+        """Load gauges summed over replicas: ``num_requests_running``/``_waiting`` (None = unknown)."""
+        scrapes = await self._scrape_all()
+        total = prom.combine(scrapes or [])
+        return {
+            "num_requests_running": total.running if scrapes else None,
+            "num_requests_waiting": total.waiting if scrapes else None,
+        }
+
+    async def _scrape_all(self) -> list[prom.Scrape] | None:
+        assert self._session is not None, "refresh_metrics() before start()"
+        timeout = aiohttp.ClientTimeout(total=START_TIMEOUT)
+        try:
+            return list(
+                await asyncio.gather(
+                    *(
+                        prom.scrape(self._session, split_base_url(u)[0], timeout)
+                        for u in self.base_urls
+                    )
+                )
+            )
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return None
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def _read_key(self) -> str | None:
+        opts = self.config.options
+        if opts.get("api_key_file"):
+            key = Path(opts["api_key_file"]).read_text().strip()
+        else:
+            key = os.environ.get(opts.get("api_key_env", "OPENAI_API_KEY"), "").strip()
+        return key or None
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+
+    async def _models(self, url: str) -> list[str]:
+        assert self._session is not None
+        api = split_base_url(url)[1]
+        timeout = aiohttp.ClientTimeout(total=START_TIMEOUT)
+        try:
+            async with self._session.get(f"{api}/models", timeout=timeout) as resp:
+                if resp.status >= 400:
+                    body = _one_line(await resp.text(errors="replace"), 120)
+                    raise EngineError(f"openai: GET {api}/models answered {resp.status}: {body}")
+                data = (await resp.json(content_type=None)).get("data") or []
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError) as e:
+            raise EngineError(
+                f"openai: {api}/models does not answer: {_one_line(repr(e))}"
+            ) from None
+        self._owned_by_vllm = any(m.get("owned_by") == "vllm" for m in data)
+        return [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
+
+    async def _version(self, url: str) -> str | None:
+        assert self._session is not None
+        timeout = aiohttp.ClientTimeout(total=START_TIMEOUT)
+        try:
+            async with self._session.get(f"{split_base_url(url)[0]}/version", timeout=timeout) as r:
+                if r.status != 200:
+                    return None
+                v = (await r.json(content_type=None)).get("version")
+                return None if v is None else str(v)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError):
+            return None
+
+    def _payload(self, request: Request, params: GenParams) -> tuple[str, dict[str, Any]]:
+        endpoint = self.endpoint or ("chat" if request.messages is not None else "completions")
+        max_tokens = request.max_new_tokens or params.max_new_tokens
+        body: dict[str, Any] = {
+            "model": self.served_model,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "seed": params.seed,
+        }
+        if endpoint == "chat":
+            msgs = request.messages or ({"role": "user", "content": request.prompt or ""},)
+            body["messages"] = [dict(m) for m in msgs]
+        elif request.messages is not None:
+            raise RequestFailed("unsupported", "chat messages need endpoint 'chat'")
+        else:
+            body["prompt"] = request.prompt or ""
+        if self.vllm_extras:
+            body["return_token_ids"] = True
+            if params.ignore_eos:
+                body["ignore_eos"] = True
+                body["min_tokens"] = max_tokens
+        body.update(self.extra_body)
+        return ENDPOINTS[endpoint], body

@@ -1,0 +1,114 @@
+"""Prometheus ``/metrics`` of an OpenAI-compatible server -> speculative counters and load gauges.
+
+Parses vLLM's exposition text with ``prometheus_client``'s parser. Counters are summed over every
+label set (engines, models) and over replicas; the runner takes deltas between snapshots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from engines.base import SpecCounters
+
+SPEC_PREFIX = "vllm:spec_decode_"
+_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+_PER_POS = "num_accepted_tokens_per_pos"
+_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """What one /metrics page says: spec counters (None if none exposed) and load gauges."""
+
+    spec: SpecCounters | None
+    running: float | None
+    waiting: float | None
+
+
+def _base(name: str) -> str:
+    for suffix in ("_total", "_created"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def parse_metrics(text: str) -> Scrape:
+    """Parse one exposition page. ``_created`` samples are ignored; ``_total`` is optional."""
+    totals: dict[str, float] = {}
+    per_pos: dict[int, float] = {}
+    gauges: dict[str, float] = {}
+    seen_spec = False
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.endswith("_created"):
+                continue
+            name = _base(s.name)
+            if name in _GAUGES:
+                gauges[name] = gauges.get(name, 0.0) + s.value
+            if not name.startswith(SPEC_PREFIX):
+                continue
+            key = name[len(SPEC_PREFIX) :]
+            if key == _PER_POS:
+                seen_spec = True
+                pos = int(s.labels.get("position", 0))
+                per_pos[pos] = per_pos.get(pos, 0.0) + s.value
+            elif key in _COUNTERS:
+                seen_spec = True
+                totals[key] = totals.get(key, 0.0) + s.value
+    spec = None
+    if seen_spec:
+        n = max(per_pos) + 1 if per_pos else 0
+        spec = SpecCounters(
+            num_drafts=int(totals.get("num_drafts", 0)),
+            num_draft_tokens=int(totals.get("num_draft_tokens", 0)),
+            num_accepted_tokens=int(totals.get("num_accepted_tokens", 0)),
+            accepted_per_pos=tuple(int(per_pos.get(i, 0)) for i in range(n)),
+        )
+    return Scrape(
+        spec=spec,
+        running=gauges.get("vllm:num_requests_running"),
+        waiting=gauges.get("vllm:num_requests_waiting"),
+    )
+
+
+def add(a: SpecCounters, b: SpecCounters) -> SpecCounters:
+    """Field-wise sum; per-position vectors padded with zeros to the longer one."""
+    n = max(len(a.accepted_per_pos), len(b.accepted_per_pos))
+    pa = list(a.accepted_per_pos) + [0] * (n - len(a.accepted_per_pos))
+    pb = list(b.accepted_per_pos) + [0] * (n - len(b.accepted_per_pos))
+    return SpecCounters(
+        a.num_drafts + b.num_drafts,
+        a.num_draft_tokens + b.num_draft_tokens,
+        a.num_accepted_tokens + b.num_accepted_tokens,
+        tuple(x + y for x, y in zip(pa, pb)),
+    )
+
+
+def combine(scrapes: Iterable[Scrape]) -> Scrape:
+    """Sum scrapes of several replicas (None stays None only when every replica says None)."""
+    spec: SpecCounters | None = None
+    running: float | None = None
+    waiting: float | None = None
+    for s in scrapes:
+        if s.spec is not None:
+            spec = s.spec if spec is None else add(spec, s.spec)
+        if s.running is not None:
+            running = (running or 0.0) + s.running
+        if s.waiting is not None:
+            waiting = (waiting or 0.0) + s.waiting
+    return Scrape(spec, running, waiting)
+
+
+async def scrape(
+    session: aiohttp.ClientSession, root: str, timeout: aiohttp.ClientTimeout
+) -> Scrape:
+    """GET ``{root}/metrics``; a server without the endpoint (404) says nothing."""
+    async with session.get(f"{root}/metrics", timeout=timeout) as resp:
+        if resp.status == 404:
+            return Scrape(None, None, None)
+        resp.raise_for_status()
+        return parse_metrics(await resp.text())

