@@ -9,6 +9,7 @@ import datetime as dt
 import json
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -58,20 +59,24 @@ def build_plan(args: argparse.Namespace, model: str, draft: str | None) -> RunPl
         raise UsageError("--engine openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
     if args.base_url and not any(e == "openai" for e in engines):
         raise UsageError("--base-url is for --engine openai (vllm-server starts its own server)")
-    options: dict[str, Any] = {
+    http = {
         "request_timeout": args.request_timeout,
-        "api_key_env": args.api_key_env,
-        "start_timeout": args.server_start_timeout,
         "max_concurrency": max(args.concurrency or [16]),
     }
+    if args.endpoint is not None:
+        http["endpoint"] = args.endpoint
+    openai = {**http, "api_key_env": args.api_key_env}
     for key, value in (
         ("base_urls", args.base_url),
         ("api_key_file", args.api_key_file),
         ("served_model", args.served_model),
-        ("endpoint", args.endpoint),
     ):
         if value is not None:
-            options[key] = value
+            openai[key] = value
+    options = {
+        "openai": openai,
+        "vllm-server": {**http, "start_timeout": args.server_start_timeout},
+    }
     return RunPlan(
         engines=engines,
         model=model,
@@ -158,6 +163,25 @@ def check_models(plan: RunPlan) -> None:
         )
 
 
+def check_servers(plan: RunPlan) -> None:
+    """Each --base-url must answer before the run starts (a typo costs seconds, not a run)."""
+    import urllib.error
+    import urllib.request
+
+    for url in (
+        plan.options.get("openai", {}).get("base_urls", []) if "openai" in plan.engines else []
+    ):
+        probe = url.rstrip("/") + "/models"
+        try:
+            with urllib.request.urlopen(probe, timeout=10):
+                pass
+        except urllib.error.HTTPError:
+            pass  # it answers (an auth error is the engine's to report with the key)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise UsageError(f"--base-url: {url} does not answer ({reason})") from None
+
+
 def engine_methods(plan: RunPlan) -> dict[str, tuple[str, ...]]:
     return {e: tuple(getattr(engine_class(e), "spec_methods", ())) for e in plan.engines}
 
@@ -204,6 +228,7 @@ def run_main(args: argparse.Namespace) -> int:
         plan = build_plan(args, model, draft)
         configs = plan.engine_configs(engine_methods(plan))
         check_models(plan)
+        check_servers(plan)
         validate_configs(plan, configs)
         out = output_dir(args)
     except (UsageError, PlanError, EngineError, WorkloadError) as exc:
@@ -215,6 +240,15 @@ async def _execute(args, plan, configs, workload, out: Path, goodput) -> int:
     from harness.session import Session
 
     out.mkdir(parents=True, exist_ok=True)
+    configs = [  # a managed server's log is saved beside the results
+        (
+            label,
+            replace(c, options={**c.options, "log_path": str(out / f"vllm-server-{label}.log")}),
+        )
+        if c.engine == "vllm-server"
+        else (label, c)
+        for label, c in configs
+    ]
     previous, done = runs_from_journal(out / "journal.jsonl") if args.resume else ([], set())
     journal = Journal(out / "journal.jsonl")
     session = Session(

@@ -96,8 +96,9 @@ def _encode_stream(tok: Any, texts: list[str]) -> Any:
     import torch
 
     ids: list[int] = []
-    for enc in tok(texts, add_special_tokens=True)["input_ids"]:
-        ids.extend(enc)
+    backend = tok.backend_tokenizer  # the Rust tokenizer; its post-processor prepends bos
+    for text in texts:
+        ids.extend(backend.encode(text).ids)
         ids.append(tok.eos_token_id)
     return torch.tensor(ids, dtype=torch.long)
 

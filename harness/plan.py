@@ -52,7 +52,7 @@ class RunPlan:
     dtype: str = "auto"
     device: str = "auto"
     engine_args: Mapping[str, Any] = field(default_factory=dict)
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # engine -> options
 
     # ---- engine configurations ---------------------------------------------------------------
     def spec_configs(self, engine_methods: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
@@ -100,7 +100,7 @@ class RunPlan:
                             device=self.device,
                             seed=self.seed,
                             engine_args=dict(self.engine_args),
-                            options=dict(self.options),
+                            options=dict(self.options.get(engine, {})),
                         ),
                     )
                 )

@@ -1,0 +1,158 @@
+"""Server faults through the whole harness: the run completes, every failure is a record with
+its reason, failures are counted apart, and every success is in results.json."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from tests.fake_server import Behaviour, FakeServer
+
+FAULTS = {
+    1: (Behaviour(status=500), "http 500"),
+    2: (Behaviour(status=429), "http 429"),
+    3: (Behaviour(tokens=6, fault="reset", fault_after=2), "connection reset"),
+    4: (Behaviour(tokens=6, fault="stall", fault_after=1), "timeout"),
+    5: (Behaviour(tokens=6, fault="bad_json", fault_after=2), "bad sse"),
+    6: (Behaviour(tokens=6, fault="no_done", fault_after=3), "incomplete stream"),
+    7: (Behaviour(status=503), "http 503"),
+}
+OK = Behaviour(tokens=6, delay=0.001)
+
+
+class ServerThread:
+    """A FakeServer on its own event loop in a thread (the harness runs its own loop)."""
+
+    def __init__(self, server: FakeServer):
+        self.server = server
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._main, daemon=True)
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.base_url = self.loop.run_until_complete(self.server.__aenter__())
+        self.ready.set()
+        self.loop.run_forever()
+        self.loop.run_until_complete(self.server.__aexit__(None, None, None))
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        self.ready.wait(10)
+        return self.base_url
+
+    def __exit__(self, *exc) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def workload(tmp_path: Path, n: int) -> str:
+    p = tmp_path / "w.jsonl"
+    p.write_text(
+        "".join(json.dumps({"id": f"r{i}", "prompt": f"prompt {i}"}) + "\n" for i in range(n))
+    )
+    return str(p)
+
+
+def run_harness(tmp_path, base_url, n, *extra):
+    out = tmp_path / "out"
+    code = main(
+        [
+            "--engine",
+            "openai",
+            "--base-url",
+            base_url,
+            "--model",
+            "fake-model",
+            "--workload",
+            workload(tmp_path, n),
+            "--mode",
+            "throughput",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--max-new-tokens",
+            "6",
+            "--output-dir",
+            str(out),
+            "--quiet",
+            "--no-plots",
+            *extra,
+        ]
+    )
+    return code, out
+
+
+def test_faults_are_counted_exactly_and_successes_kept(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-SECRET-4242")
+    n = 32  # 4 rounds of OK + 7 faults
+
+    def script(i: int) -> Behaviour:
+        return FAULTS[i % 8][0] if i % 8 else OK
+
+    behaviours = [script(i) for i in range(n)]
+    server = FakeServer(script)
+    with ServerThread(server) as url:
+        code, out = run_harness(tmp_path, url, n, "--concurrency", "4", "--request-timeout", "1")
+    assert code == 0, capsys.readouterr().err
+    res = json.loads((out / "results.json").read_text())
+    (run,) = res["runs"]
+    expected = Counter()
+    for b in behaviours:
+        kind = next((k for beh, k in FAULTS.values() if beh == b), None)
+        if kind:
+            expected[kind] += 1
+    assert run["summary"]["errors"] == dict(expected)
+    assert run["summary"]["failed"] == sum(expected.values())
+    assert run["summary"]["completed"] == n - sum(expected.values())
+    ok = [r for r in run["records"] if r["ok"]]
+    assert len(ok) == run["summary"]["completed"] and all(r["output_tokens"] == 6 for r in ok)
+    assert all(r["error"] and "\n" not in r["error"] for r in run["records"] if not r["ok"])
+    # statistics over successes only: a failure never enters the latency distributions
+    assert run["summary"]["ttft_s"]["n"] == len(ok)
+    # the key went to the server and nowhere else
+    assert all(
+        r.headers.get("Authorization") == "Bearer sk-test-SECRET-4242" for r in server.requests
+    )
+    for f in out.iterdir():
+        assert "SECRET-4242" not in f.read_text(errors="replace"), f.name
+    assert "SECRET-4242" not in capsys.readouterr().out
+
+
+def test_max_error_rate_stops_cleanly(tmp_path, capsys):
+    server = FakeServer(lambda i: Behaviour(status=500) if i % 2 else OK)
+    with ServerThread(server) as url:
+        code, out = run_harness(tmp_path, url, 60, "--concurrency", "2", "--max-error-rate", "0.2")
+    err = capsys.readouterr().err
+    assert code == 1
+    res = json.loads((out / "results.json").read_text())
+    assert res["status"].startswith("stopped: error rate")
+    (run,) = res["runs"]
+    assert len(run["records"]) < 60  # it stopped sending
+    assert len(server.requests) == len(run["records"])
+    assert "Traceback" not in err
+
+
+def test_unreachable_base_url_is_a_one_line_error(tmp_path, capsys):
+    code, out = run_harness(tmp_path, "http://127.0.0.1:9/v1", 3)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and "127.0.0.1:9" in err
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_thousand_streams_in_flight(tmp_path, capsys):
+    server = FakeServer(Behaviour(tokens=4, delay=0.05))
+    with ServerThread(server) as url:
+        code, out = run_harness(tmp_path, url, 1000, "--concurrency", "1000")
+    assert code == 0, capsys.readouterr().err
+    (run,) = json.loads((out / "results.json").read_text())["runs"]
+    assert run["summary"]["completed"] == 1000 and run["summary"]["failed"] == 0
+    assert run["summary"]["peak_in_flight"] > 500
