@@ -104,6 +104,16 @@ def tail(path: str | Path, n: int = 20) -> str:
     return "\n".join(lines[-n:])
 
 
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the harness dies, even by SIGKILL (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
 class VLLMServerEngine:
     """Starts ``vllm serve`` for ``config.model`` and streams from it over HTTP."""
 
@@ -161,6 +171,7 @@ class VLLMServerEngine:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,  # own process group: close() kills the whole tree
+                preexec_fn=_die_with_parent,
             )
         atexit.register(self._kill_now)
         try:
