@@ -317,13 +317,17 @@ class HFEngine:
         async for new in self._generate([ids], params, max_new):
             if not new:
                 continue
+            text = self.tokenizer.decode(new, skip_special_tokens=True)
             if first:
                 yield Chunk(
-                    token_ids=tuple(new), prompt_tokens=len(ids), info={"chat_template": chat}
+                    token_ids=tuple(new),
+                    text=text,
+                    prompt_tokens=len(ids),
+                    info={"chat_template": chat},
                 )
                 first = False
             else:
-                yield Chunk(token_ids=tuple(new))
+                yield Chunk(token_ids=tuple(new), text=text)
 
     async def stream_batch(
         self, requests: Sequence[Request], params: GenParams

@@ -321,7 +321,7 @@ class VLLMEngine:
         n_prompt = len(out.prompt_token_ids) if out.prompt_token_ids is not None else None
         if out.finished:
             del self._sinks[out.request_id]
-        sink((tuple(comp.token_ids), n_prompt, comp.finish_reason, out.finished))
+        sink((tuple(comp.token_ids), n_prompt, comp.finish_reason, out.finished, comp.text or ""))
 
     def _fail_all(self, exc: BaseException) -> None:
         for sink in self._sinks.values():
@@ -391,9 +391,10 @@ class VLLMEngine:
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
-                ids, n_prompt, reason, finished = item
+                ids, n_prompt, reason, finished, text = item
                 yield Chunk(
                     token_ids=ids,
+                    text=text,
                     prompt_tokens=n_prompt if first else None,
                     finish_reason=reason if finished else None,
                     info={"chat_template": self._has_template and request.messages is not None}

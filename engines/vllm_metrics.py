@@ -1,7 +1,7 @@
 """vLLM's speculative-decoding counters -> SpecCounters, from either side of vLLM's metrics.
 
 * :func:`spec_counters_from_snapshot` reads ``LLM.get_metrics()`` (in-process engine);
-* :func:`spec_counters_from_prometheus` reads a server's ``/metrics`` text.
+* a server's ``/metrics`` text is read by :func:`engines.prom.parse_metrics`.
 
 Both sum over label sets (engine index, model name) and return None when the engine exposes
 no speculative-decoding counters at all (a baseline). Importing this module does not import vLLM.
@@ -51,24 +51,4 @@ def spec_counters_from_snapshot(metrics: Iterable[Any]) -> SpecCounters | None:
             for i, v in enumerate(m.values):
                 per_pos[i] = per_pos.get(i, 0.0) + float(v)
             seen = True
-    return _build(scalars, per_pos, seen)
-
-
-def spec_counters_from_prometheus(text: str) -> SpecCounters | None:
-    """From Prometheus exposition text (a vLLM server's ``/metrics``)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    scalars = [0.0, 0.0, 0.0]
-    per_pos: dict[int, float] = {}
-    seen = False
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            name = _strip_total(s.name)
-            if name in _SCALARS:
-                scalars[_SCALARS[name]] += float(s.value)
-                seen = True
-            elif name == PER_POS and "position" in s.labels:
-                i = int(s.labels["position"])
-                per_pos[i] = per_pos.get(i, 0.0) + float(s.value)
-                seen = True
     return _build(scalars, per_pos, seen)

@@ -104,7 +104,6 @@ def tail(path: str | Path, n: int = 20) -> str:
     return "\n".join(lines[-n:])
 
 
-
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM it when the harness dies, even by SIGKILL (Linux)."""
     try:
@@ -113,6 +112,7 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
 
 class VLLMServerEngine:
     """Starts ``vllm serve`` for ``config.model`` and streams from it over HTTP."""

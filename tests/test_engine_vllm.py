@@ -19,9 +19,9 @@ pytest.importorskip("vllm")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from engines.base import EngineConfig, EngineError, GenParams, Request, SpecCounters  # noqa: E402
+from engines.prom import parse_metrics
 from engines.vllm import VLLMEngine  # noqa: E402
 from engines.vllm_metrics import (  # noqa: E402
-    spec_counters_from_prometheus,
     spec_counters_from_snapshot,
 )
 
@@ -330,7 +330,7 @@ vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",pos
         Vector("vllm:spec_decode_num_accepted_tokens_per_pos", {}, [4, 3]),
     ]
     expected = SpecCounters(5, 10, 7, (4, 3))
-    assert spec_counters_from_prometheus(text) == expected
+    assert parse_metrics(text).spec == expected
     assert spec_counters_from_snapshot(snap) == expected
-    assert spec_counters_from_prometheus("# nothing\n") is None
+    assert parse_metrics("# nothing\n").spec is None
     assert spec_counters_from_snapshot([Counter("vllm:num_requests", {}, 1)]) is None
