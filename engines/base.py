@@ -70,6 +70,7 @@ class SpecCounters:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: tuple[int, ...] = ()
+    target_passes: int | None = None  # target forward passes, where the engine can count them
 
     def __sub__(self, other: SpecCounters) -> SpecCounters:
         n = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
@@ -80,6 +81,9 @@ class SpecCounters:
             self.num_draft_tokens - other.num_draft_tokens,
             self.num_accepted_tokens - other.num_accepted_tokens,
             tuple(x - y for x, y in zip(a, b)),
+            None
+            if self.target_passes is None or other.target_passes is None
+            else self.target_passes - other.target_passes,
         )
 
     def to_metrics(self) -> dict[str, Any]:
@@ -95,6 +99,7 @@ class SpecCounters:
             "mean_acceptance_length": 1 + a / d if d else None,
             "acceptance_per_pos": per_pos_rate,
             "alpha": per_pos_rate[0] if per_pos_rate else None,
+            "target_passes": self.target_passes,
         }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import gc
 import os
 import threading
@@ -83,6 +84,7 @@ class HFEngine:
         self.config = config
         self._spec = spec_settings(config.spec_config) if config.spec_config else {}
         self._counter = AcceptanceCounter(len_hint(config.spec_config))
+        self._passes = 0
         self._lock = threading.Lock()  # one generate at a time (shared models, counters, seed)
         self.tokenizer: Any = None
         self.model: Any = None
@@ -153,6 +155,11 @@ class HFEngine:
                 raise EngineError(f"hf engine: draft vocabulary ({dv}) != target vocabulary ({tv})")
         if cfg.spec_config is not None:
             patch_candidate_generator(self.model, self._counter)
+            self.model.register_forward_hook(self._count_pass)
+
+    def _count_pass(self, *_: Any) -> None:
+        """Forward hook: one target pass (each verifies a whole draft)."""
+        self._passes += 1
 
     async def close(self) -> None:
         on_cuda = bool(self.device and self.device.startswith("cuda"))
@@ -187,7 +194,9 @@ class HFEngine:
         }
 
     def spec_counters(self) -> SpecCounters | None:
-        return None if self.config.spec_config is None else self._counter.snapshot()
+        if self.config.spec_config is None:
+            return None
+        return dataclasses.replace(self._counter.snapshot(), target_passes=self._passes)
 
     def max_batch(self) -> int | None:
         return None if self.config.spec_config is None else 1

@@ -50,7 +50,9 @@ def _spec(runs: list[Run]) -> dict[str, Any] | None:
         )
         for i in range(n)
     ]
+    passes = [m.get("target_passes") for m in ms]
     return {
+        "target_passes": sum(passes) if all(p is not None for p in passes) else None,
         "num_drafts": drafts,
         "acceptance_rate": acc / dt if dt else None,
         "mean_acceptance_length": 1 + acc / drafts if drafts else None,
@@ -189,6 +191,9 @@ def _theory_table(
         if th is None:
             continue
         comp = _find(comps, f"{engine}/{label}", mode, dict(load), mnt, "output_tok_s")
+        sp = _spec(rs)
+        tokens = sum(r.output_tokens for run in rs for r in run.counted)
+        per_tok = sp["target_passes"] / tokens if sp and sp["target_passes"] and tokens else None
         rows.append(
             [
                 f"{engine}/{label}",
@@ -200,6 +205,7 @@ def _theory_table(
                 fmt(th.get("predicted_speedup"), 1, 2),
                 fmt_ratio(comp),
                 th.get("best_gamma", "n/a"),
+                fmt(per_tok, 1, 2),
             ]
         )
     if not rows:
@@ -223,6 +229,7 @@ def _theory_table(
                 "predicted",
                 "measured tok/s speedup",
                 "best gamma",
+                "target passes / token",
             ],
             tablefmt="github",
         ),
