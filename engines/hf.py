@@ -80,6 +80,8 @@ class HFEngine:
     spec_methods: ClassVar[tuple[str, ...]] = SPEC_METHODS
     static_batching: ClassVar[bool] = True
 
+    coexist: ClassVar[bool] = True  # several configurations fit one process: runs interleave
+
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self._spec = spec_settings(config.spec_config) if config.spec_config else {}

@@ -164,6 +164,8 @@ class OpenAIEngine:
     name: ClassVar[str] = "openai"
     spec_methods: ClassVar[tuple[str, ...]] = SPEC_METHODS  # whatever the server runs
 
+    coexist: ClassVar[bool] = True  # only an HTTP session: configurations can interleave
+
     def __init__(self, config: EngineConfig) -> None:
         self.validate(config)
         self.config = config

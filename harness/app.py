@@ -258,6 +258,7 @@ async def _execute(args, plan, configs, workload, out: Path, goodput) -> int:
         done=done,
         progress=not args.quiet,
         max_error_rate=args.max_error_rate,
+        interleave=not args.sequential,
         temperature=args.temperature,
         ignore_eos=args.ignore_eos,
     )

@@ -285,6 +285,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="stop the run cleanly once this share of requests failed",
     )
+    r.add_argument(
+        "--sequential",
+        action="store_true",
+        help="run variants one after the other even where they could interleave (hf, openai "
+        "interleave by default: A B C A B C ..., so machine drift hits all alike; hf then holds "
+        "one model copy per variant)",
+    )
     r.add_argument("--no-plots", action="store_true", help="do not draw PNG plots")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     h = p.add_argument_group("HTTP engines (openai, vllm-server)")

@@ -32,6 +32,22 @@ class StopFlag:
         return self.reason is not None
 
 
+@dataclass(eq=False)
+class Lane:
+    """One engine configuration and, while it runs, its started engine."""
+
+    label: str
+    config: EngineConfig
+    engine: Engine | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def coexist(self) -> bool:
+        from engines.base import engine_class
+
+        return bool(getattr(engine_class(self.config.engine), "coexist", False))
+
+
 @dataclass
 class Session:
     plan: RunPlan
@@ -46,83 +62,107 @@ class Session:
     stop: StopFlag = field(default_factory=StopFlag)
     runs: list[Run] = field(default_factory=list)
     engine_factory: Callable[[EngineConfig], Engine] | None = None
+    interleave: bool = True
 
     def __post_init__(self) -> None:
         if not self.plan.lengths_from_workload:  # an explicit --max-new-tokens wins
             self.requests = [replace(r, max_new_tokens=None) for r in self.requests]
 
     async def execute(self, configs: Sequence[tuple[str, EngineConfig]]) -> list[Run]:
-        for label, config in configs:
-            if self.stop:
-                break
-            points = [p for p in self.plan.points() if not self._point_done(config, label, p)]
-            if not points:
-                continue
-            await self._run_config(label, config, points)
+        """Run every configuration. Engines that can coexist in one process (``coexist``) are
+        all started and their runs interleaved (A B C A B C ...), so that drift of the machine
+        hits every variant alike; others run one configuration after the other."""
+        lanes = [Lane(label, config) for label, config in configs]
+        if self.interleave and len(lanes) > 1 and all(lane.coexist for lane in lanes):
+            await self._run_lanes(lanes)
+        else:
+            for lane in lanes:
+                if self.stop:
+                    break
+                await self._run_lanes([lane])
         return self.runs
 
-    def _point_done(self, config: EngineConfig, label: str, point: Point) -> bool:
-        return self.plan.cell(config.engine, label, point, 0).key in self.done and all(
-            self.plan.cell(config.engine, label, point, r).key in self.done
-            for r in range(self.plan.repeats)
-        )
+    def _todo(self, lane: Lane) -> list[Point]:
+        def done(p: Point) -> bool:
+            return all(
+                self.plan.cell(lane.config.engine, lane.label, p, r).key in self.done
+                for r in range(self.plan.repeats)
+            )
 
-    async def _run_config(self, label: str, config: EngineConfig, points: list[Point]) -> None:
+        return [p for p in self.plan.points() if not done(p)]
+
+    async def _run_lanes(self, lanes: list[Lane]) -> None:
+        lanes = [lane for lane in lanes if self._todo(lane)]
+        try:
+            for lane in lanes:
+                await self._start(lane)
+            live = [lane for lane in lanes if lane.engine is not None]
+            for p in self.plan.points():
+                if self.stop or not live:
+                    break
+                await self._repeat_point([lane for lane in live if p in self._todo(lane)], p)
+        finally:
+            for lane in lanes:
+                if lane.engine is not None:
+                    with contextlib.suppress(Exception):
+                        await lane.engine.close()
+                    lane.engine = None
+
+    async def _start(self, lane: Lane) -> None:
         from engines.base import create_engine
 
+        config = lane.config
         engine = (self.engine_factory or create_engine)(config)
-        self._say(f"starting {config.engine} [{label}]")
+        self._say(f"starting {config.engine} [{lane.label}]")
         try:
             await engine.start()
         except Exception as exc:
             status = f"failed: engine did not start: {error_line(exc)}"
             self._say(status)
-            for p in points:
-                self._finish(
-                    Run(self.plan.cell(config.engine, label, p), config.spec_config, ()), status
-                )
+            for p in self._todo(lane):
+                cell = self.plan.cell(config.engine, lane.label, p, 0)
+                self._finish(Run(cell, config.spec_config, ()), status)
             with contextlib.suppress(Exception):
                 await engine.close()
             return
-        try:
-            info = dict(engine.describe())
-            costs = getattr(engine, "step_costs", None)
-            if costs is not None and config.spec_config is not None:
-                with contextlib.suppress(Exception):
-                    info["step_costs"] = await asyncio.to_thread(costs)
-            for p in points:
-                await self._repeat_point(engine, label, config, p, info)
-        finally:
-            await engine.close()
+        lane.engine = engine
+        lane.info = dict(engine.describe())
+        costs = getattr(engine, "step_costs", None)
+        if costs is not None and config.spec_config is not None:
+            with contextlib.suppress(Exception):
+                lane.info["step_costs"] = await asyncio.to_thread(costs)
 
-    async def _repeat_point(
-        self, engine: Engine, label: str, config: EngineConfig, p: Point, info: dict
-    ) -> None:
-        """Repeats of one point: --repeats, then more (up to --max-repeats) until --target-ci."""
-        rates: list[float] = []
+    async def _repeat_point(self, lanes: list[Lane], p: Point) -> None:
+        """Repeats of one point: --repeats, then more (up to --max-repeats) until every lane's
+        CI half-width is under --target-ci."""
+        rates: dict[int, list[float]] = {id(lane): [] for lane in lanes}
+        active = list(lanes)
         repeat = 0
-        while not self.stop:
-            cell = self.plan.cell(config.engine, label, p, repeat)
-            if cell.key not in self.done:
-                run = await self._run_point(engine, config, cell, p, info, warmup=not rates)
+        while active and not self.stop:
+            for lane in list(active):
+                if self.stop:
+                    break
+                cell = self.plan.cell(lane.config.engine, lane.label, p, repeat)
+                if cell.key in self.done:
+                    continue
+                run = await self._run_point(lane, cell, p, warmup=not rates[id(lane)])
                 tok_s = summarize(run.records).get("output_tok_s")
                 if tok_s is not None:
-                    rates.append(tok_s)
+                    rates[id(lane)].append(tok_s)
                 if run.status != "ok":
-                    break
+                    active.remove(lane)
             repeat += 1
             if repeat >= self.plan.max_repeats:
                 break
             if repeat >= self.plan.repeats:
-                width = ci_half_width(rates)
-                if self.plan.target_ci is None or (
-                    width is not None and width <= self.plan.target_ci
-                ):
+                widths = [ci_half_width(rates[id(lane)]) for lane in active]
+                target = self.plan.target_ci
+                if target is None or all(w is not None and w <= target for w in widths):
                     break
 
-    async def _run_point(
-        self, engine: Engine, config: EngineConfig, cell: Cell, p: Point, info: dict, warmup: bool
-    ) -> Run:
+    async def _run_point(self, lane: Lane, cell: Cell, p: Point, warmup: bool) -> Run:
+        engine, config, info = lane.engine, lane.config, lane.info
+        assert engine is not None
         params = GenParams(
             max_new_tokens=p.max_new_tokens,
             temperature=self.temperature,
