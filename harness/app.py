@@ -224,13 +224,13 @@ def run_main(args: argparse.Namespace) -> int:
         )
         draft = args.draft_model or ("embedded:draft" if args.model == "embedded" else None)
         build_plan(args, args.model, draft)  # flags checked before any model is touched
+        out = output_dir(args)
         model, draft = resolve_models(args)
         plan = build_plan(args, model, draft)
         configs = plan.engine_configs(engine_methods(plan))
         check_models(plan)
         check_servers(plan)
         validate_configs(plan, configs)
-        out = output_dir(args)
     except (UsageError, PlanError, EngineError, WorkloadError) as exc:
         raise UsageError(str(exc)) from None
     return asyncio.run(_execute(args, plan, configs, workload, out, goodput))

@@ -169,6 +169,7 @@ def perplexity(model: Any, data: Any, windows: int = 64, seq: int = SEQ_LEN) -> 
     import torch
     import torch.nn.functional as F
 
+    seq = min(seq, len(data) - 1)
     n = min(windows, (len(data) - 1) // seq)
     total, count = 0.0, 0
     with torch.no_grad():
