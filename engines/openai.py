@@ -81,31 +81,27 @@ async def sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
     Lines are split by hand over ``iter_any`` so no line-length limit applies (aiohttp's
     ``readline`` fails on lines above its buffer; vLLM issue #39963).
     """
-    buf = bytearray()
+    buf = b""
     data: list[str] = []
-    scan = 0
     async for piece in resp.content.iter_any():
         buf += piece
-        while True:
-            i = buf.find(b"\n", scan)
-            if i < 0:
-                scan = len(buf)
-                if scan > MAX_EVENT:
-                    raise RequestFailed("bad sse", f"line longer than {MAX_EVENT} bytes")
-                break
-            line = bytes(buf[:i]).rstrip(b"\r")
-            del buf[: i + 1]
-            scan = 0
+        if b"\n" not in piece:
+            if len(buf) > MAX_EVENT:
+                raise RequestFailed("bad sse", f"line longer than {MAX_EVENT} bytes")
+            continue
+        *lines, buf = buf.split(b"\n")  # every complete line of this read, in one pass
+        for line in lines:
+            if line[-1:] == b"\r":
+                line = line[:-1]
             if not line:
                 if data:
                     yield "\n".join(data)
                     data = []
-                continue
-            field, _, value = line.partition(b":")
-            if field == b"data":
-                data.append(value[1:].decode() if value[:1] == b" " else value.decode())
+            elif line[:5] == b"data:":
+                value = line[5:]
+                data.append((value[1:] if value[:1] == b" " else value).decode())
             # comments (":...") and other fields (event, id, retry) carry nothing we use
-    tail = bytes(buf).rstrip(b"\r")
+    tail = buf.rstrip(b"\r")
     if tail.startswith(b"data:"):
         data.append(tail[5:].lstrip(b" ").decode())
     if data:

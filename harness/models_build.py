@@ -189,24 +189,29 @@ def greedy_acceptance(
     import torch
 
     drafted = accepted = rounds = 0
-    with torch.no_grad():
-        for p in prompts:
-            ids = list(p)
-            end = len(p) + new_tokens
-            while len(ids) < end:
-                kk = min(k, end - len(ids) - 1)
-                prop: list[int] = []
-                for _ in range(kk):
-                    prop.append(
-                        int(draft(input_ids=torch.tensor([ids + prop])).logits[0, -1].argmax())
-                    )
-                logits = target(input_ids=torch.tensor([ids + prop])).logits[0]
-                want = logits[len(ids) - 1 :].argmax(-1).tolist()
-                n = 0
-                while n < kk and prop[n] == want[n]:
-                    n += 1
-                ids += prop[:n] + [want[n]]
-                drafted, accepted, rounds = drafted + kk, accepted + n, rounds + 1
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny single-sequence forwards: extra threads only spin-wait
+    try:
+        with torch.no_grad():
+            for p in prompts:
+                ids = list(p)
+                end = len(p) + new_tokens
+                while len(ids) < end:
+                    kk = min(k, end - len(ids) - 1)
+                    prop: list[int] = []
+                    for _ in range(kk):
+                        prop.append(
+                            int(draft(input_ids=torch.tensor([ids + prop])).logits[0, -1].argmax())
+                        )
+                    logits = target(input_ids=torch.tensor([ids + prop])).logits[0]
+                    want = logits[len(ids) - 1 :].argmax(-1).tolist()
+                    n = 0
+                    while n < kk and prop[n] == want[n]:
+                        n += 1
+                    ids += prop[:n] + [want[n]]
+                    drafted, accepted, rounds = drafted + kk, accepted + n, rounds + 1
+    finally:
+        torch.set_num_threads(threads)
     return {
         "acceptance": accepted / max(1, drafted),
         "mean_accepted_length": (accepted + rounds) / max(1, rounds),
