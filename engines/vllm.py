@@ -46,7 +46,23 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 CPU_MAX_MODEL_LEN = 2048
 CPU_KV_CACHE_BYTES = 512 * 2**20  # vLLM's CPU default reserves 92% of RAM; far too much here
 _RESERVED = ("model", "tokenizer", "speculative_config")  # set through EngineConfig fields
-_Sink = Callable[[Any], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sink:
+    """Where one request's outputs go: an asyncio queue on the event loop's thread."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[Any]
+
+    def __call__(self, item: Any) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+def _deliver(batch: list[tuple[_Sink, Any]]) -> None:
+    """On the event loop: hand a step's outputs to their requests' queues."""
+    for sink, item in batch:
+        sink.queue.put_nowait(item)
 
 
 def _looks_like_path(s: str) -> bool:
@@ -287,8 +303,9 @@ class VLLMEngine:
                 self._handle(cmd)
                 cmd = None
             if engine.has_unfinished_requests():
-                for out in engine.step():
-                    self._dispatch(out)
+                batch = [d for out in engine.step() if (d := self._dispatch(out)) is not None]
+                if batch:  # one wake-up of the event loop per step, not one per request
+                    batch[0][0].loop.call_soon_threadsafe(_deliver, batch)
 
     def _handle(self, cmd: tuple[Any, ...]) -> None:
         kind = cmd[0]
@@ -313,15 +330,16 @@ class VLLMEngine:
             except BaseException as e:  # noqa: BLE001 - reported to the caller
                 fut.set_exception(e)
 
-    def _dispatch(self, out: Any) -> None:
+    def _dispatch(self, out: Any) -> tuple[_Sink, Any] | None:
         sink = self._sinks.get(out.request_id)
         if sink is None:
-            return
+            return None
         comp = out.outputs[0]
         n_prompt = len(out.prompt_token_ids) if out.prompt_token_ids is not None else None
         if out.finished:
             del self._sinks[out.request_id]
-        sink((tuple(comp.token_ids), n_prompt, comp.finish_reason, out.finished, comp.text or ""))
+        item = (tuple(comp.token_ids), n_prompt, comp.finish_reason, out.finished, comp.text or "")
+        return sink, item
 
     def _fail_all(self, exc: BaseException) -> None:
         for sink in self._sinks.values():
@@ -379,9 +397,7 @@ class VLLMEngine:
         q: asyncio.Queue[Any] = asyncio.Queue()
         rid = f"{request.id}#{next(self._ids)}"
         sp = self._sampling_params(request, params, delta=True)
-        self._cmds.put(
-            ("add", rid, request, sp, lambda item: loop.call_soon_threadsafe(q.put_nowait, item))
-        )
+        self._cmds.put(("add", rid, request, sp, _Sink(loop, q)))
         if self._dead is not None:
             raise self._dead
         first, finished = True, False

@@ -89,7 +89,20 @@ def train_tokenizer(texts: list[str], vocab_size: int, out_dirs: list[Path]) -> 
     fast.chat_template = CHAT_TEMPLATE
     for d in out_dirs:
         fast.save_pretrained(d)
+        _portable_tokenizer_files(Path(d))
     return fast
+
+
+def _portable_tokenizer_files(d: Path) -> None:
+    """Names the generic fast tokenizer class and writes special_tokens_map.json, so that
+    transformers 4.x (and tools that read these files) load the tokenizer too."""
+    cfg_path = d / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg["chat_template"] = CHAT_TEMPLATE
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    names = {f"{k}_token": v for k, v in SPECIALS.items()}
+    (d / "special_tokens_map.json").write_text(json.dumps(names, indent=2, sort_keys=True) + "\n")
 
 
 def _encode_stream(tok: Any, texts: list[str]) -> Any:
