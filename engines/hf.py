@@ -128,7 +128,10 @@ class HFEngine:
     def _load(self) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.set_verbosity_error()  # generate()'s advisory warnings are not the user's
+        hf_logging.disable_progress_bar()  # no "Loading weights" bar per variant on stderr
         cfg = self.config
         dev = cfg.device
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if dev == "auto" else dev
