@@ -251,8 +251,8 @@ def _save(model: Any, out: Path) -> None:
 def build(
     out_dir: Path,
     seed: int = 0,
-    target_steps: int = 240,
-    draft_steps: int = 100,
+    target_steps: int = 1000,
+    draft_steps: int = 200,
     progress: bool = True,
     dims: dict[str, int] | None = None,
     lr: float = 3e-3,
