@@ -70,9 +70,11 @@ def test_default_is_short_mixed() -> None:
     w = load_workload("default")
     assert w.fmt == "native" and len(w) == 16
     code = [r for r in w.requests if r.category == "code_edit"]
-    others = {r.category for r in w.requests} - {"code_edit"}
-    assert len(code) == 8 and len(others) == 8
+    complete = [r for r in w.requests if r.category == "code_complete"]
+    others = {r.category for r in w.requests} - {"code_edit", "code_complete"}
+    assert len(code) == 4 and len(complete) == 8 and len(others) == 4
     assert all(r.prompt and len(r.prompt) < 1000 for r in w.requests)
+    assert all(r.prompt.split("\n\n", 1)[1].startswith("def ") for r in complete)
     grounded = {r.id: r.prompt for r in load_workload("grounded").requests}
     assert all(grounded[r.id] == r.prompt for r in code)
 

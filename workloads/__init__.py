@@ -37,7 +37,8 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 SHIPPED: dict[str, tuple[str, str]] = {
     "default": (
         "default.jsonl",
-        "16 short prompts for the default run: 8 stdlib code edits + 8 Spec-Bench (8 categories)",
+        "16 short prompts for the default run: 8 stdlib code completions, 4 code edits, "
+        "4 Spec-Bench (4 categories)",
     ),
     "grounded": (
         "grounded.jsonl",

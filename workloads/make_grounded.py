@@ -6,8 +6,10 @@ Run from the project root: ``python -m workloads.make_grounded``.
   the input) plus 20 code-editing prompts built from functions of the running interpreter's
   standard library (Python Software Foundation License, see ``data/LICENSE-PSF``). The committed
   files were made with CPython 3.11; another version may give slightly different sources.
-- ``default``: 16 short prompts (< 1000 characters each): 8 of the code edits (two of each kind)
-  and the first Spec-Bench prompt under 1000 characters of 8 categories, interleaved.
+- ``default``: 16 short prompts for the default run, sized for the tiny embedded pair (a code
+  model): 8 code completions (the head of a stdlib function: signature, docstring, first lines;
+  the model continues it), 4 of the code edits (one of each kind) and the first Spec-Bench prompt
+  under 1000 characters of 4 categories.
 
 The output is deterministic for a given interpreter version.
 """
@@ -99,6 +101,23 @@ def code_requests() -> list[dict[str, Any]]:
     return out
 
 
+COMPLETE_LINES = 0.5  # a completion prompt is the first half of the function's lines
+MAX_COMPLETE_CHARS = 600
+
+
+def completion_requests() -> list[dict[str, Any]]:
+    """The head of each stdlib function (at most MAX_COMPLETE_CHARS), to be continued."""
+    out = []
+    for i, (_, module, name, _, _) in enumerate(CODE_TASKS):
+        lines = function_source(module, name)[0].splitlines(keepends=True)
+        head = lines[: max(2, int(len(lines) * COMPLETE_LINES))]
+        while len(head) > 2 and len("".join(head)) > MAX_COMPLETE_CHARS:
+            head.pop()
+        prompt = f"# {module}.py\n\n" + "".join(head)
+        out.append({"id": f"complete-{i:02d}", "prompt": prompt, "category": "code_complete"})
+    return out
+
+
 def specbench() -> list[dict[str, Any]]:
     with SPECBENCH.open(encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -116,16 +135,18 @@ def grounded(code: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def default(code: list[dict[str, Any]]) -> list[dict[str, Any]]:
     qs = specbench()
     sb = []
-    for cat in DEFAULT_CATEGORIES:
+    for cat in DEFAULT_CATEGORIES[:4]:
         q = next(q for q in qs if q["category"] == cat and len(q["turns"][0]) < MAX_DEFAULT_CHARS)
         sb.append(native(q))
     picked = [r for r in code if len(r["prompt"]) < MAX_DEFAULT_CHARS]
-    short_code: list[dict[str, Any]] = []
-    for kind in TEMPLATES:  # two of each kind, in task order
+    edits: list[dict[str, Any]] = []
+    for kind in TEMPLATES:  # one of each kind, in task order
         ids = [f"code-{i:02d}" for i, t in enumerate(CODE_TASKS) if t[0] == kind]
-        short_code += [r for r in picked if r["id"] in ids][:2]
-    assert len(short_code) == 8 and len(sb) == 8
-    return [r for pair in zip(short_code, sb) for r in pair]
+        edits += [r for r in picked if r["id"] in ids][:1]
+    complete = completion_requests()[:8]
+    assert len(edits) == 4 and len(sb) == 4 and len(complete) == 8
+    others = [r for pair in zip(edits, sb) for r in pair]
+    return [r for pair in zip(complete, others) for r in pair]
 
 
 def write(path: Path, rows: list[dict[str, Any]]) -> None:
