@@ -23,55 +23,9 @@ PROMPTS = [
 N = 24
 
 
-def _embedded_pair() -> tuple[str, str] | None:
-    try:
-        from harness.models import embedded_path
-
-        t, d = Path(embedded_path("target")), Path(embedded_path("draft"))
-    except Exception:
-        return None
-    return (
-        (str(t), str(d)) if (t / "config.json").exists() and (d / "config.json").exists() else None
-    )
-
-
-def _tiny_random_pair(root: Path) -> tuple[str, str]:
-    """Fallback ONLY while the embedded pair is missing: random tiny Llamas + a BPE tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320,
-        special_tokens=["<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(PROMPTS * 20 + ["the quick brown fox jumps over the lazy dog"], trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
-    cfg = LlamaConfig(
-        vocab_size=len(fast), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        bos_token_id=0, eos_token_id=1,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    target = LlamaForCausalLM(cfg)
-    # the draft is the target without its last layer, so that it agrees with it often enough
-    draft = LlamaForCausalLM(LlamaConfig(**{**cfg.to_dict(), "num_hidden_layers": 1}))
-    state = {k: v for k, v in target.state_dict().items() if not k.startswith("model.layers.1.")}
-    draft.load_state_dict(state)
-    paths = []
-    for name, model in (("target", target), ("draft", draft)):
-        model.save_pretrained(root / name)
-        fast.save_pretrained(root / name)
-        paths.append(str(root / name))
-    return paths[0], paths[1]
-
-
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    return _embedded_pair() or _tiny_random_pair(tmp_path_factory.mktemp("tiny"))
+def pair(embedded_pair: tuple[str, str]) -> tuple[str, str]:
+    return embedded_pair
 
 
 def _start(cfg: EngineConfig) -> HFEngine:

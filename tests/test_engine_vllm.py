@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,57 +42,9 @@ NGRAM = {
 }
 
 
-def _build_tiny_pair(root: Path) -> tuple[str, str]:
-    """A 2-layer random Llama + BPE tokenizer; the 'draft' is the same weights."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    text = [f"the quick brown fox jumps over the lazy dog {i} times" for i in range(200)]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=384,
-        special_tokens=["<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(text, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
-    fast.chat_template = (
-        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-        "{% if add_generation_prompt %}assistant:{% endif %}"
-    )
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=384,
-        hidden_size=128,  # head_dim 64: vLLM's CPU attention rejects head_dim 16
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=1024,
-        bos_token_id=0,
-        eos_token_id=1,
-    )
-    target = root / "target"
-    LlamaForCausalLM(cfg).save_pretrained(target)
-    fast.save_pretrained(target)
-    shutil.copytree(target, root / "draft")
-    return str(target), str(root / "draft")
-
-
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    try:
-        from harness.models import embedded_path
-
-        target, draft = embedded_path("target"), embedded_path("draft")
-        if Path(target).is_dir() and Path(draft).is_dir():
-            return str(target), str(draft)
-    except (ImportError, OSError, LookupError):
-        pass
-    return _build_tiny_pair(tmp_path_factory.mktemp("tiny_llama"))
+def pair(embedded_pair: tuple[str, str]) -> tuple[str, str]:
+    return embedded_pair
 
 
 def _requests(n: int = len(PROMPTS)) -> list[Request]:

