@@ -249,27 +249,17 @@ def _lossless(comp: Mapping[str, Any] | None) -> str:
 
 def _find(
     comps: Sequence[Mapping[str, Any]], cand: str, mode: str, load: Mapping, mnt: int, metric: str
-):
-    for c in comps:
-        if (
-            c["candidate"] == cand
-            and c["mode"] == mode
-            and c["load"] == load
-            and c["max_new_tokens"] == mnt
-            and c["metric"] == metric
-            and c["baseline"].split("/")[0] == cand.split("/")[0]
-        ):
-            return c
-    for c in comps:
-        if (
-            c["candidate"] == cand
-            and c["mode"] == mode
-            and c["load"] == load
-            and c["max_new_tokens"] == mnt
-            and c["metric"] == metric
-        ):
-            return c
-    return None
+) -> Mapping[str, Any] | None:
+    """The comparison of ``cand`` at this point: against its own engine's baseline first, else
+    against the first engine (engine vs engine)."""
+    matches = [
+        c
+        for c in comps
+        if (c["candidate"], c["mode"], c["load"], c["max_new_tokens"], c["metric"])
+        == (cand, mode, load, mnt, metric)
+    ]
+    same_engine = [c for c in matches if c["baseline"].split("/")[0] == cand.split("/")[0]]
+    return (same_engine or matches or [None])[0]
 
 
 def _comparison_table(comps: Sequence[Mapping[str, Any]]) -> list[str]:
