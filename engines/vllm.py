@@ -42,6 +42,8 @@ from engines.vllm_metrics import spec_counters_from_snapshot
 
 # Must be set before vLLM is imported: the engine core then runs in this process.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# vLLM logs to stdout by default; the harness's stdout is the markdown summary.
+os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 CPU_MAX_MODEL_LEN = 2048
 CPU_KV_CACHE_BYTES = 512 * 2**20  # vLLM's CPU default reserves 92% of RAM; far too much here

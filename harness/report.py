@@ -228,7 +228,7 @@ def _theory_table(
                 "E tok/pass",
                 "predicted",
                 "measured tok/s speedup",
-                "best gamma",
+                "best gamma (1-16)",
                 "target passes / token",
             ],
             tablefmt="github",
