@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
+import os
 import signal
 import sys
 from dataclasses import replace
@@ -212,6 +213,9 @@ def output_dir(args: argparse.Namespace) -> Path:
 
 def run_main(args: argparse.Namespace) -> int:
     from workloads import WorkloadError, load_workload
+
+    if args.quiet:  # before any engine imports vLLM: its INFO lines are progress, not results
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
     try:
         goodput = _goodput(args.goodput)
