@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from engines.base import GenParams, Request, UnsupportedError
+from engines.base import Chunk, GenParams, Request, UnsupportedError
 from harness.load import Concurrent, Poisson, Synchronous
 from harness.runner import Runner
 from tests.clock import FakeClock, ScriptedEngine
@@ -94,3 +94,36 @@ def test_should_stop_stops_sending():
     )
     records = run(runner.run([Request(str(i), "p") for i in range(10)], GenParams(), Synchronous()))
     assert len(records) == 3
+
+
+def test_ten_thousand_requests_keep_memory_per_record_small():
+    """Records are kept (they are the result), but nothing else grows with the run: a record
+    holds its timestamps and ids once, no chunk objects, no second copy of the text."""
+    import tracemalloc
+
+    clock = FakeClock()
+    tokens = [(0.001, 1)] * 8
+
+    class Many(ScriptedEngine):
+        def __init__(self):
+            super().__init__(clock, {})
+
+        async def stream(self, request, params):
+            for i, (delay, _n) in enumerate(tokens):
+                clock.now += delay
+                yield Chunk(token_ids=(i,), text="tok ", prompt_tokens=5 if i == 0 else None)
+
+    def peak(n: int) -> int:
+        reqs = [Request(str(i), "p") for i in range(n)]
+        tracemalloc.start()
+        records = run(
+            Runner(Many(), clock=clock, sleep=clock.sleep).run(reqs, GenParams(), Concurrent(100))
+        )
+        _, top = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert len(records) == n and all(r.ok and r.output_tokens == 8 for r in records)
+        return top
+
+    small, large = peak(2_000), peak(10_000)
+    per_record = (large - small) / 8_000
+    assert per_record < 4_000, per_record  # bytes: 8 timestamps, 8 ids, text, bookkeeping
