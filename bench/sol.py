@@ -6,36 +6,10 @@ and vLLM engines (through the harness Runner, ``Synchronous()``) are shown as a 
 
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Any
 
-import numpy as np
-
 from bench.common import Headline, Result, prompts, requests, table, target_model
-
-
-def speed_of_light(n_params: float, bytes_per_param: float, bandwidth_bytes_s: float) -> float:
-    """Upper bound on batch-1 decode tokens/s: all ``n_params`` weights read once per token."""
-    if n_params <= 0 or bytes_per_param <= 0:
-        raise ValueError("n_params and bytes_per_param must be > 0")
-    return bandwidth_bytes_s / (n_params * bytes_per_param)
-
-
-def measure_bandwidth(mib: int = 512, reps: int = 7) -> dict[str, float]:
-    """Copy a ``mib`` MiB float64 array ``reps`` times; bytes/s counting read + write.
-
-    Returns ``best`` (the bound uses it: the most the memory system delivered) and ``median``.
-    """
-    src = np.ones(mib * 2**20 // 8)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)  # fault the pages in
-    rates = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        rates.append(2 * src.nbytes / (time.perf_counter() - t0))
-    return {"best": max(rates), "median": statistics.median(rates), "bytes": float(src.nbytes)}
+from harness.sol import measure_bandwidth, speed_of_light  # noqa: F401 - re-exported
 
 
 def weights_read_per_token(model: Any) -> tuple[int, int]:

@@ -328,6 +328,17 @@ async def _execute(args, plan, configs, workload, out: Path, goodput) -> int:
     return 0 if results["status"] == "complete" else 1
 
 
+def _speed_of_light(plan: RunPlan, runs: list[Run]) -> dict[str, Any] | None:
+    """Batch-1 decode bound of a local target (weights read once per token), or None."""
+    from harness.sol import bound_for, count_params, measure_bandwidth
+
+    if not any(r.cell.mode == "latency" for r in runs) or count_params(plan.model) is None:
+        return None
+    dtype = next((str(r.engine_info.get("dtype", "")) for r in runs if r.engine_info), "")
+    bandwidth = measure_bandwidth(mib=256, reps=5)["best"]
+    return bound_for(plan.model, dtype.removeprefix("torch."), bandwidth)
+
+
 def finalize(
     out: Path,
     plan: RunPlan,
@@ -359,6 +370,7 @@ def finalize(
         "runs": [r.to_json(summarize(r.records, goodput)) for r in runs],
         "comparisons": comparisons(runs, min_effect=min_effect, seed=plan.seed),
     }
+    results["speed_of_light"] = _speed_of_light(plan, runs)
     atomic_write(out / "results.json", json.dumps(results, indent=1))
     md = render(results)
     if plots:

@@ -136,6 +136,15 @@ def render(results: Mapping[str, Any]) -> str:
             "degenerate out",
         ]
         lines.append(tabulate(rows, headers=headers, tablefmt="github"))
+        sol = results.get("speed_of_light")
+        if sol and mode == "latency":
+            shares = ", ".join(f"{row[0]} {_share(row[2], sol['tok_s'])}" for row in rows)
+            lines.append(
+                f"\nSpeed of light (batch-1 decode reads all {sol['n_params'] / 1e6:.2f}M "
+                f"parameters x {sol['bytes_per_param']} B per token at "
+                f"{sol['bandwidth_bytes_s'] / 1e9:.1f} GB/s): {sol['tok_s']:.0f} tok/s; "
+                f"reached: {shares}."
+            )
         bad = [
             r
             for r in (groups.get((e, lb, *point), []) for e, lb in members)
@@ -170,6 +179,13 @@ def render(results: Mapping[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _share(tok_s: str, bound: float) -> str:
+    try:
+        return f"{float(tok_s.split()[0]) / bound:.1%}"
+    except ValueError:
+        return "n/a"
 
 
 def _sanity(runs: list[Run]) -> str:
