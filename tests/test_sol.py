@@ -1,0 +1,20 @@
+"""Speed of light: parameter count from safetensors headers, and the bound's arithmetic."""
+
+import pytest
+
+from harness.sol import bound_for, count_params, speed_of_light
+
+
+def test_count_params_reads_the_header(embedded_pair):
+    target, draft = embedded_pair
+    assert count_params(target) == 1_066_112  # BUILD.json's figure, tied embeddings counted once
+    assert 0 < count_params(draft) < count_params(target)
+
+
+def test_bound(embedded_pair, tmp_path):
+    assert speed_of_light(1e6, 4, 8e9) == pytest.approx(2000.0)
+    b = bound_for(embedded_pair[0], "float32", 4.264448e9)
+    assert b["bytes_per_param"] == 4 and b["tok_s"] == pytest.approx(1000.0)
+    assert bound_for(str(tmp_path), "float32", 1e9) is None  # no weights: size unknown
+    with pytest.raises(ValueError):
+        speed_of_light(0, 4, 1e9)
