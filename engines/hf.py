@@ -264,7 +264,7 @@ class HFEngine:
                 return torch.full((input_ids.shape[0],), stop.is_set(), device=input_ids.device)
 
         try:
-            with self._lock:
+            with self._lock, torch.inference_mode():  # as cheap as generate can be made
                 extra: dict[str, Any] = {}
                 if self.draft is not None:
                     # the heuristic schedule and the confidence threshold live on (and are
