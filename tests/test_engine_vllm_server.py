@@ -129,6 +129,33 @@ def test_spec_server_counts_drafts_and_is_lossless(servers, loop) -> None:
 
 
 @pytest.mark.slow
+def test_harness_cli_drives_a_running_server_in_both_modes(servers, tmp_path) -> None:
+    """`--engine openai --base-url http://127.0.0.1:PORT/v1` against a real vllm serve."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "openai"
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", "--engine", "openai",
+         "--base-url", servers["base"].base_url, "--mode", "both", "--num-prompts", "4",
+         "--max-new-tokens", "16", "--repeats", "1", "--warmup", "1", "--concurrency", "4",
+         "--ignore-eos", "--output-dir", str(out), "--quiet", "--no-plots"],
+        cwd=root, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    assert {r["mode"] for r in res["runs"]} == {"latency", "throughput"}
+    for run in res["runs"]:
+        assert run["status"] == "ok" and run["summary"]["completed"] == 4
+        for rec in run["records"]:
+            assert rec["ok"] and rec["output_tokens"] == 16 == len(rec["output_token_ids"])
+            assert rec["info"]["replica"] == servers["base"].base_url
+    thr = next(r for r in res["runs"] if r["mode"] == "throughput")
+    assert thr["summary"]["peak_in_flight"] >= 2
+
+
+@pytest.mark.slow
 def test_close_leaves_no_process_and_frees_the_port(servers, loop) -> None:
     for engine in (servers["base"], servers["spec"]):
         port = engine.port
