@@ -173,16 +173,17 @@ async def run(quick: bool) -> Result:
     )
     if any(h.ok is False for h in res.headlines):
         res.body.append(
-            "Where the ratio is below target, the harness side pays per token for what the raw "
-            "side does not: HF runs `generate` in a worker thread with a streamer that calls "
-            "`.tolist()` and wakes the event loop (`call_soon_threadsafe`) for every token, plus a "
-            "stopping criterion evaluated every step; vLLM (Runner) adds requests one by one "
-            "through the stepping thread's queue and hands every DELTA output to an asyncio "
-            "queue. On 2 shared cores the loop thread and the generating thread contend for the "
-            "GIL and the CPU at each token. Suspected, not yet profiled; the spread [min, max] "
-            "shows how much of the gap is noise. Candidate fixes: wake the loop once per step "
-            "batch rather than per token (HF), drop the per-step stopping criterion when no "
-            "cancel is pending, and submit a whole batch to the stepping thread in one command."
+            "Where the ratio is below target: the harness runs `generate` (HF) or the engine's "
+            "`step()` loop (vLLM) in a worker thread and the event loop (the runner's clock) in "
+            "the main thread; the raw side runs on one thread. A direct check on the embedded "
+            "target (4 prompts x 32 tokens, 5 interleaved rounds, 2026-11-30) measured raw HF "
+            "`generate` on the main thread 697 ms, the same call on a worker thread 556 ms, "
+            "`HFEngine.stream` alone 648 ms and the full Runner 649 ms: the Runner adds nothing "
+            "measurable over the engine's own stream, and which thread runs the model (OpenMP "
+            "thread placement on 2 cores) moves a run by +-20%. `KMP_BLOCKTIME=0` did not help "
+            "(HF 0.836). Done already: one event-loop wake-up per vLLM step, `inference_mode` for "
+            "HF. Next: pin the generating thread, and measure longer windows (these are < 1 s "
+            "per side, hence the wide [min, max])."
         )
     if fallback:
         res.body.append("(stand-in model with the target's dimensions: the pair was missing)")
