@@ -70,29 +70,27 @@ def _goodput(items: Sequence[str] | None) -> dict[str, float] | None:
     return out
 
 
-def positive_int(text: str) -> int:
+def _number(text: str, cast: type, low: float, strict: bool) -> Any:
     try:
-        v = int(text)
+        v = cast(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"{v} must be > 0")
+        kind = "an integer" if cast is int else "a number"
+        raise argparse.ArgumentTypeError(f"{text!r} is not {kind}") from None
+    if v < low or (strict and v == low):
+        raise argparse.ArgumentTypeError(f"{v:g} must be {'>' if strict else '>='} {low:g}")
     return v
+
+
+def positive_int(text: str) -> int:
+    return _number(text, int, 0, strict=True)
 
 
 def non_negative_int(text: str) -> int:
-    v = positive_int(text) if text != "0" else 0
-    return v
+    return _number(text, int, 0, strict=False)
 
 
 def positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"{v:g} must be > 0")
-    return v
+    return _number(text, float, 0, strict=True)
 
 
 class _Parser(argparse.ArgumentParser):
