@@ -7,7 +7,6 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 EPILOG = """\
@@ -349,10 +348,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `python -m harness report ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-
-
-def usage_error(message: str) -> UsageError:
-    return UsageError(message)
-
-
-__all__ = ["main", "build_parser", "UsageError", "Path"]

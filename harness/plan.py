@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.base import SPEC_METHODS, EngineConfig, EngineError
-from harness.load import Concurrent, Constant, LoadStrategy, Poisson, Synchronous
+from harness.load import Concurrent, LoadStrategy, Poisson, Synchronous
 from harness.results import Cell
 
 DEFAULT_NGRAM = {"prompt_lookup_max": 3, "prompt_lookup_min": 1}
@@ -172,6 +172,3 @@ def check_engines(names: Sequence[str]) -> None:
             raise EngineError(
                 f"--engine: unknown engine {name!r}; choose from: {', '.join(sorted(REGISTRY))}"
             )
-
-
-__all__ = ["Concurrent", "Constant", "Poisson", "Synchronous", "RunPlan", "Point", "PlanError"]

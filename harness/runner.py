@@ -88,9 +88,6 @@ class Runner:
     on_record: OnRecord | None = None
     should_stop: Callable[[], bool] = lambda: False
 
-    def params_for(self, request: Request, params: GenParams) -> GenParams:
-        return params
-
     async def run(
         self,
         requests: Sequence[Request],

@@ -42,10 +42,6 @@ def files(tmp_path):
     }
 
 
-def case(argv, expect):
-    return (argv, expect)
-
-
 CASES = {
     "malformed jsonl": (["--workload", "{w:bad.jsonl}"], ["bad.jsonl:2:"]),
     "missing prompt": (["--workload", "{w:noprompt.jsonl}"], ["noprompt.jsonl:1:", "prompt"]),
