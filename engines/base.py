@@ -1,17 +1,23 @@
 """The engine protocol, the shapes that cross it, and the lazy engine registry.
 
-An engine turns one request into a stream of token-id chunks. It never reads the clock,
-never computes a latency and never renders a table: the runner times every chunk it yields.
+An engine turns one request into a stream of token-id chunks. It never computes a latency and
+never renders a table. The runner owns the clock: it stamps the send, the end, and every chunk
+that arrives unstamped. An engine whose tokens appear on a thread of its own (in-process models)
+is handed the runner's clock and stamps each chunk there (``Chunk.t``), the moment its ids are on
+the host; it may then hand chunks to the event loop in batches, so the measured engine does not
+pay for one cross-thread wake-up per token.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from workloads.base import Request
+
+Clock = Callable[[], float]
 
 __all__ = ["Request"]  # re-exported: engines see requests through this module
 
@@ -41,8 +47,9 @@ class Chunk:
 
     ``token_ids`` holds the ids when the engine knows them; ``num_tokens`` overrides the count
     when it does not (an HTTP server that returns text only). A chunk with zero tokens carries
-    only metadata (``prompt_tokens``, ``usage_output_tokens``, ``finish_reason``) and is not timed
-    as a token arrival.
+    only metadata (``prompt_tokens``, ``usage_output_tokens``, ``finish_reason``, ``text``) and is
+    not timed as a token arrival. ``t`` is the time the tokens existed, read from the clock the
+    runner passed to ``stream``; None = the runner stamps the chunk when it receives it.
     """
 
     token_ids: tuple[int, ...] = ()
@@ -52,6 +59,7 @@ class Chunk:
     finish_reason: str | None = None
     text: str = ""
     info: Mapping[str, Any] | None = None  # e.g. {"replica": url, "chat_template": True}
+    t: float | None = None
 
     @property
     def size(self) -> int:
@@ -153,7 +161,11 @@ class Engine(Protocol):
         """The effective settings used (defaults the adapter chose included), for the record."""
         ...
 
-    def stream(self, request: Request, params: GenParams) -> AsyncIterator[Chunk]: ...
+    def stream(
+        self, request: Request, params: GenParams, clock: Clock | None = None
+    ) -> AsyncIterator[Chunk]:
+        """Yield the request's chunks; stamp them with ``clock`` where they are made off-loop."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -166,7 +178,7 @@ class StaticBatchEngine(Engine, Protocol):
     """An engine serving concurrent requests in fixed batches (HF ``generate``)."""
 
     def stream_batch(
-        self, requests: Sequence[Request], params: GenParams
+        self, requests: Sequence[Request], params: GenParams, clock: Clock | None = None
     ) -> AsyncIterator[tuple[int, Chunk]]: ...
 
 

@@ -1,8 +1,11 @@
 """In-process HF transformers engine: ``model.generate`` streamed, with assisted generation
 (``draft_model``) and prompt lookup (``ngram``) as the speculative methods.
 
-The engine never reads the clock: it yields token-id chunks as the streamer receives them and
-the runner timestamps them. ``step_costs`` is a separate micro-measurement, called outside runs.
+``generate`` runs on a worker thread; its streamer stamps each step's ids with the clock the
+runner passed to ``stream`` (when the ids are on the host) and hands them to the event loop at
+most every ``DELIVERY_S``: one cross-thread wake-up per token cost 10-15% of a tiny model's
+decode speed on 2 cores (bench/RESULTS.md, section 1). ``step_costs`` is a separate
+micro-measurement, called outside runs.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any, ClassVar
 
 from engines.base import (
     Chunk,
+    Clock,
     EngineConfig,
     EngineError,
     GenParams,
@@ -35,6 +39,7 @@ from engines.hf_spec import (
 
 _DTYPES = ("float32", "float16", "bfloat16")
 _END, _TOKENS, _ERROR = "end", "tokens", "error"
+DELIVERY_S = 0.05  # stamped tokens reach the event loop at most this often, and at the end
 
 
 def _looks_local(name: str) -> bool:
@@ -45,12 +50,22 @@ def _looks_local(name: str) -> bool:
 
 
 class _QueueStreamer:
-    """A ``BaseStreamer``: skips the prompt, hands each put's token ids to the event loop."""
+    """A ``BaseStreamer``: skips the prompt, stamps each put's token ids, and hands them to the
+    event loop as lists of ``(ids, t)``: at once when unstamped (no clock), else at most every
+    ``DELIVERY_S`` and before the end or an error."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
-        self._loop, self._queue, self._prompt_seen = loop, queue, False
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, clock: Clock | None
+    ) -> None:
+        self._loop, self._queue, self._clock = loop, queue, clock
+        self._prompt_seen = False
+        self._pending: list[tuple[list[int], float | None]] = []
+        self._sent_at: float | None = None
 
     def push(self, kind: str, value: Any = None) -> None:
+        if kind != _TOKENS and self._pending:
+            batch, self._pending = self._pending, []
+            self.push(_TOKENS, batch)
         with contextlib.suppress(RuntimeError):  # the consumer's loop is gone: nobody listens
             self._loop.call_soon_threadsafe(self._queue.put_nowait, (kind, value))
 
@@ -58,10 +73,15 @@ class _QueueStreamer:
         if not self._prompt_seen:
             self._prompt_seen = True
             return
-        # .tolist() materializes the ids on the host (a device sync on CUDA) before the
-        # runner can timestamp them. Shapes: (B,) per plain step, (1, n) per assisted step.
+        # .tolist() materializes the ids on the host (a device sync on CUDA) before the stamp.
+        # Shapes: (B,) per plain step, (1, n) per assisted step.
         ids = value.tolist()
-        self.push(_TOKENS, ids[0] if value.dim() == 2 else ids)
+        t = self._clock() if self._clock is not None else None
+        self._pending.append((ids[0] if value.dim() == 2 else ids, t))
+        if t is None or self._sent_at is None or t - self._sent_at >= DELIVERY_S:
+            self._sent_at = t
+            batch, self._pending = self._pending, []
+            self.push(_TOKENS, batch)
 
     def end(self) -> None:
         self.push(_END)
@@ -291,9 +311,9 @@ class HFEngine:
             streamer.push(_END)
 
     async def _generate(
-        self, rows: list[list[int]], params: GenParams, max_new: int
-    ) -> AsyncIterator[list[int]]:
-        """Left-padded ``generate`` in a worker thread; yields each put's token ids."""
+        self, rows: list[list[int]], params: GenParams, max_new: int, clock: Clock | None
+    ) -> AsyncIterator[tuple[list[int], float | None]]:
+        """Left-padded ``generate`` in a worker thread; yields each put's token ids and stamp."""
         import torch
 
         if self.model is None:
@@ -305,7 +325,7 @@ class HFEngine:
         mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        streamer = _streamer_class()(loop, queue)
+        streamer = _streamer_class()(loop, queue, clock)
         stop = threading.Event()
         inputs = {"input_ids": ids, "attention_mask": mask}
         thread = threading.Thread(
@@ -319,32 +339,33 @@ class HFEngine:
                     return
                 if kind == _ERROR:
                     raise value
-                yield value
+                for item in value:
+                    yield item
         finally:
             stop.set()
             await asyncio.to_thread(thread.join)
 
-    async def stream(self, request: Request, params: GenParams) -> AsyncIterator[Chunk]:
+    async def stream(
+        self, request: Request, params: GenParams, clock: Clock | None = None
+    ) -> AsyncIterator[Chunk]:
         ids, chat = self._encode(request)
         max_new = request.max_new_tokens or params.max_new_tokens
-        first = True
-        async for new in self._generate([ids], params, max_new):
+        out: list[int] = []
+        async for new, t in self._generate([ids], params, max_new, clock):
             if not new:
                 continue
-            text = self.tokenizer.decode(new, skip_special_tokens=True)
-            if first:
-                yield Chunk(
-                    token_ids=tuple(new),
-                    text=text,
-                    prompt_tokens=len(ids),
-                    info={"chat_template": chat},
-                )
-                first = False
+            if not out:
+                yield Chunk(tuple(new), prompt_tokens=len(ids), info={"chat_template": chat}, t=t)
             else:
-                yield Chunk(token_ids=tuple(new), text=text)
+                yield Chunk(tuple(new), t=t)
+            out.extend(new)
+        if (
+            out
+        ):  # the text once, decoded whole: a byte-level token split across chunks decodes right
+            yield Chunk(text=self.tokenizer.decode(out, skip_special_tokens=True))
 
     async def stream_batch(
-        self, requests: Sequence[Request], params: GenParams
+        self, requests: Sequence[Request], params: GenParams, clock: Clock | None = None
     ) -> AsyncIterator[tuple[int, Chunk]]:
         if self.config.spec_config is not None:
             raise UnsupportedError(
@@ -353,22 +374,25 @@ class HFEngine:
         encoded = [self._encode(r) for r in requests]
         limits = [r.max_new_tokens or params.max_new_tokens for r in requests]
         eos = set() if params.ignore_eos else self._eos_ids()
-        counts = [0] * len(requests)
+        outs: list[list[int]] = [[] for _ in requests]
         done = [False] * len(requests)
-        async for step in self._generate([e[0] for e in encoded], params, max(limits)):
-            for i, t in enumerate(step):
+        async for step, t in self._generate([e[0] for e in encoded], params, max(limits), clock):
+            for i, tok in enumerate(step):
                 if done[i]:
                     continue  # padding after this row's EOS / limit
                 ids, chat = encoded[i]
-                first = counts[i] == 0
-                counts[i] += 1
-                done[i] = t in eos or counts[i] >= limits[i]
-                if first:
-                    yield i, Chunk((t,), prompt_tokens=len(ids), info={"chat_template": chat})
+                outs[i].append(tok)
+                done[i] = tok in eos or len(outs[i]) >= limits[i]
+                if len(outs[i]) == 1:
+                    info = {"chat_template": chat}
+                    yield i, Chunk((tok,), prompt_tokens=len(ids), info=info, t=t)
                 else:
-                    yield i, Chunk((t,))
+                    yield i, Chunk((tok,), t=t)
             if all(done):
-                return
+                break
+        for i, out in enumerate(outs):
+            if out:
+                yield i, Chunk(text=self.tokenizer.decode(out, skip_special_tokens=True))
 
     # ---- theory vs measurement ---------------------------------------------------------------
     def step_costs(self, n: int = 20) -> dict[str, Any] | None:

@@ -22,7 +22,15 @@ from urllib.parse import urlparse
 import aiohttp
 
 from engines import prom
-from engines.base import SPEC_METHODS, Chunk, EngineConfig, EngineError, GenParams, SpecCounters
+from engines.base import (
+    SPEC_METHODS,
+    Chunk,
+    Clock,
+    EngineConfig,
+    EngineError,
+    GenParams,
+    SpecCounters,
+)
 from workloads.base import Request
 
 # option -> accepted types (None = may be left unset)
@@ -250,7 +258,10 @@ class OpenAIEngine:
             "extra_body": dict(self.extra_body),
         }
 
-    async def stream(self, request: Request, params: GenParams) -> AsyncIterator[Chunk]:
+    async def stream(
+        self, request: Request, params: GenParams, clock: Clock | None = None
+    ) -> AsyncIterator[Chunk]:
+        """Chunks arrive on the event loop: left unstamped, the runner times them on arrival."""
         if self._session is None:
             raise RuntimeError("openai: stream() before start()")
         url = self.base_urls[next(self._rr) % len(self.base_urls)]

@@ -3,7 +3,11 @@
 Design: ``LLM`` is built with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` so the engine core runs in
 this process (no busy engine process fighting for the CPU). A single stepping thread owns the
 engine: it builds it, adds and aborts requests, calls ``step()`` while requests are unfinished
-and hands each ``RequestOutput`` (``RequestOutputKind.DELTA``) to its request's asyncio queue.
+and hands each ``RequestOutput`` (``RequestOutputKind.DELTA``) to its request's asyncio queue,
+stamped right after ``step()`` returns with the clock the runner passed to :meth:`stream`.
+Stamped outputs reach the event loop in one batch at most every ``DELIVERY_S``, and at once
+when a request finishes (a concurrency slot frees): the event loop's work then competes for the
+GIL with the stepping thread a few times per second, not after every step.
 ``LLMEngine.add_request`` mutates the scheduler that ``step()`` walks, so it is never called from
 the event loop: :meth:`stream` enqueues a command and the thread adds it before its next step.
 Requests added while others run join the next step (continuous batching).
@@ -32,6 +36,7 @@ from typing import Any, ClassVar
 from engines.base import (
     SPEC_METHODS,
     Chunk,
+    Clock,
     EngineConfig,
     EngineError,
     GenParams,
@@ -45,6 +50,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 # vLLM logs to stdout by default; the harness's stdout is the markdown summary.
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
+DELIVERY_S = 0.05  # stamped outputs reach the event loop at most this often (and when one ends)
 CPU_MAX_MODEL_LEN = 2048
 CPU_KV_CACHE_BYTES = 512 * 2**20  # vLLM's CPU default reserves 92% of RAM; far too much here
 _RESERVED = ("model", "tokenizer", "speculative_config")  # set through EngineConfig fields
@@ -56,6 +62,7 @@ class _Sink:
 
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[Any]
+    clock: Clock | None = None  # the runner's; None = outputs go out unstamped, at once
 
     def __call__(self, item: Any) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
@@ -291,8 +298,13 @@ class VLLMEngine:
     def _serve(self) -> concurrent.futures.Future[None]:
         """Serve commands and step while requests are unfinished; return the stop future."""
         engine = self._llm.llm_engine
+        pending: list[tuple[_Sink, Any]] = []
+        sent_at: float | None = None
         while True:
             busy = engine.has_unfinished_requests()
+            if not busy and pending:  # only leftovers of aborted requests can wait here
+                pending[0][0].loop.call_soon_threadsafe(_deliver, pending)
+                pending = []
             cmd = self._cmds.get() if not busy else None  # idle: block until there is work
             while True:
                 if cmd is None:
@@ -304,21 +316,29 @@ class VLLMEngine:
                     return cmd[1]
                 self._handle(cmd)
                 cmd = None
-            if engine.has_unfinished_requests():
-                batch = [d for out in engine.step() if (d := self._dispatch(out)) is not None]
-                if batch:  # one wake-up of the event loop per step, not one per request
-                    batch[0][0].loop.call_soon_threadsafe(_deliver, batch)
+            if not engine.has_unfinished_requests():
+                continue
+            outs = engine.step()
+            stamps: dict[Clock, float] = {}
+            now = False  # deliver this step at once: a request ended, or an output is unstamped
+            for out in outs:
+                if (d := self._dispatch(out, stamps)) is not None:
+                    pending.append(d)
+                    now = now or d[1][3] or d[0].clock is None
+            if not pending:
+                continue
+            t = next(iter(stamps.values()), None)
+            if now or sent_at is None or t is None or t - sent_at >= DELIVERY_S:
+                sent_at = t  # one wake-up of the event loop for many outputs
+                pending[0][0].loop.call_soon_threadsafe(_deliver, pending)
+                pending = []
 
     def _handle(self, cmd: tuple[Any, ...]) -> None:
         kind = cmd[0]
         if kind == "add":
             _, rid, request, sp, sink = cmd
             try:
-                ids = self._encode(request)
-                prompt = {"prompt_token_ids": ids}
-                preprocess = getattr(self._llm, "_preprocess_cmpl_one", None)
-                engine_input = preprocess(prompt) if preprocess else prompt
-                self._llm.llm_engine.add_request(rid, engine_input, sp)
+                self._add(rid, request, sp)
                 self._sinks[rid] = sink
             except Exception as e:  # noqa: BLE001 - this request fails, the engine goes on
                 sink(e)
@@ -332,15 +352,25 @@ class VLLMEngine:
             except BaseException as e:  # noqa: BLE001 - reported to the caller
                 fut.set_exception(e)
 
-    def _dispatch(self, out: Any) -> tuple[_Sink, Any] | None:
+    def _add(self, rid: str, request: Request, sp: Any) -> None:
+        prompt = {"prompt_token_ids": self._encode(request)}
+        preprocess = getattr(self._llm, "_preprocess_cmpl_one", None)
+        self._llm.llm_engine.add_request(rid, preprocess(prompt) if preprocess else prompt, sp)
+
+    def _dispatch(self, out: Any, stamps: dict[Clock, float]) -> tuple[_Sink, Any] | None:
         sink = self._sinks.get(out.request_id)
         if sink is None:
             return None
+        t = None
+        if sink.clock is not None:  # one reading per clock per step: the step's outputs exist now
+            t = stamps.get(sink.clock)
+            if t is None:
+                t = stamps[sink.clock] = sink.clock()
         comp = out.outputs[0]
         n_prompt = len(out.prompt_token_ids) if out.prompt_token_ids is not None else None
         if out.finished:
             del self._sinks[out.request_id]
-        item = (tuple(comp.token_ids), n_prompt, comp.finish_reason, out.finished, comp.text or "")
+        item = (tuple(comp.token_ids), n_prompt, comp.finish_reason, out.finished, comp.text, t)
         return sink, item
 
     def _fail_all(self, exc: BaseException) -> None:
@@ -392,14 +422,16 @@ class VLLMEngine:
             output_kind=RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY,
         )
 
-    async def stream(self, request: Request, params: GenParams) -> AsyncIterator[Chunk]:
+    async def stream(
+        self, request: Request, params: GenParams, clock: Clock | None = None
+    ) -> AsyncIterator[Chunk]:
         if self._thread is None:
             raise EngineError("vllm: engine not started")
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[Any] = asyncio.Queue()
         rid = f"{request.id}#{next(self._ids)}"
         sp = self._sampling_params(request, params, delta=True)
-        self._cmds.put(("add", rid, request, sp, _Sink(loop, q)))
+        self._cmds.put(("add", rid, request, sp, _Sink(loop, q, clock)))
         if self._dead is not None:
             raise self._dead
         first, finished = True, False
@@ -409,10 +441,11 @@ class VLLMEngine:
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
-                ids, n_prompt, reason, finished, text = item
+                ids, n_prompt, reason, finished, text, t = item
                 yield Chunk(
                     token_ids=ids,
-                    text=text,
+                    text=text or "",
+                    t=t,
                     prompt_tokens=n_prompt if first else None,
                     finish_reason=reason if finished else None,
                     info={"chat_template": self._has_template and request.messages is not None}
@@ -425,17 +458,30 @@ class VLLMEngine:
                 self._cmds.put(("abort", rid))
 
     async def generate_batch(
-        self, requests: Sequence[Request], params: GenParams
+        self, requests: Sequence[Request], params: GenParams, *, streamed: bool = False
     ) -> list[list[int]]:
-        """The raw path: one plain ``llm.generate`` over all prompts (no per-request streaming)."""
+        """The raw paths (bench/overhead.py). ``streamed=False``: one plain ``llm.generate`` over
+        all prompts. ``streamed=True``: the same requests stepped with the DELTA outputs that
+        :meth:`stream` asks for, nothing handed to the event loop: streaming's cost in vLLM."""
 
         def run() -> list[list[int]]:
-            if self._llm.llm_engine.has_unfinished_requests():
+            engine = self._llm.llm_engine
+            if engine.has_unfinished_requests():
                 raise EngineError("vllm: generate_batch needs an idle engine")
-            prompts = [{"prompt_token_ids": self._encode(r)} for r in requests]
-            sps = [self._sampling_params(r, params, delta=False) for r in requests]
-            outs = self._llm.generate(prompts, sps, use_tqdm=False)
-            return [list(o.outputs[0].token_ids) for o in outs]
+            if not streamed:
+                prompts = [{"prompt_token_ids": self._encode(r)} for r in requests]
+                sps = [self._sampling_params(r, params, delta=False) for r in requests]
+                outs = self._llm.generate(prompts, sps, use_tqdm=False)
+                return [list(o.outputs[0].token_ids) for o in outs]
+            ids: dict[str, list[int]] = {}
+            for r in requests:
+                rid = f"raw-{next(self._ids)}"
+                self._add(rid, r, self._sampling_params(r, params, delta=True))
+                ids[rid] = []
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    ids[out.request_id].extend(out.outputs[0].token_ids)
+            return list(ids.values())
 
         return await self._call(run)
 

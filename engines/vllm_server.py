@@ -24,7 +24,15 @@ from typing import Any, ClassVar
 
 import aiohttp
 
-from engines.base import SPEC_METHODS, Chunk, EngineConfig, EngineError, GenParams, SpecCounters
+from engines.base import (
+    SPEC_METHODS,
+    Chunk,
+    Clock,
+    EngineConfig,
+    EngineError,
+    GenParams,
+    SpecCounters,
+)
 from engines.openai import OpenAIEngine
 from workloads.base import Request
 
@@ -203,10 +211,12 @@ class VLLMServerEngine:
             **{k: v for k, v in inner.items() if k not in ("base_urls", "api_key_env")},
         }
 
-    def stream(self, request: Request, params: GenParams) -> AsyncIterator[Chunk]:
+    def stream(
+        self, request: Request, params: GenParams, clock: Clock | None = None
+    ) -> AsyncIterator[Chunk]:
         if self.inner is None:
             raise RuntimeError("vllm-server: stream() before start()")
-        return self.inner.stream(request, params)
+        return self.inner.stream(request, params, clock)
 
     async def close(self) -> None:
         """Close the HTTP session, SIGTERM the server's group, SIGKILL it after the grace."""

@@ -1,7 +1,9 @@
 """The runner: sends requests as the load strategy says and times every chunk.
 
-It alone reads the clock (``clock``, default ``time.perf_counter``): at send, at each chunk
-that carries tokens, and at the end; tests inject a fake clock.
+It owns the clock (``clock``, default ``time.perf_counter``; tests inject a fake one) and reads it
+at send, at the end, and at each token-carrying chunk that arrives unstamped. In-process engines
+are handed the same clock and stamp chunks on their own thread (``Chunk.t``), where the tokens
+appear: the runner keeps those stamps, so batching delivery to the event loop moves no timestamp.
 """
 
 from __future__ import annotations
@@ -12,11 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engines.base import Chunk, Engine, GenParams, Request, UnsupportedError
+from engines.base import Chunk, Clock, Engine, GenParams, Request, UnsupportedError
 from harness.load import LoadStrategy
 from harness.records import RequestRecord
 
-Clock = Callable[[], float]
 OnRecord = Callable[[RequestRecord], None]
 
 
@@ -118,8 +119,8 @@ class Runner:
         timing = _Timing(request, t_send, warmup)
         error = None
         try:
-            async for chunk in self.engine.stream(request, params):
-                timing.add(chunk, self.clock())
+            async for chunk in self.engine.stream(request, params, self.clock):
+                timing.add(chunk, self.clock() if chunk.t is None else chunk.t)
         except asyncio.CancelledError:
             error = "cancelled: run interrupted"
         except Exception as exc:  # recorded per request, never raised
@@ -172,8 +173,9 @@ class Runner:
             timings = [_Timing(r, t_send, warmup) for r in batch]
             error = None
             try:
-                async for index, chunk in self.engine.stream_batch(batch, params):  # type: ignore[attr-defined]
-                    timings[index].add(chunk, self.clock())
+                chunks = self.engine.stream_batch(batch, params, self.clock)  # type: ignore[attr-defined]
+                async for index, chunk in chunks:
+                    timings[index].add(chunk, self.clock() if chunk.t is None else chunk.t)
             except Exception as exc:
                 error = error_line(exc)
             t_end = self.clock()

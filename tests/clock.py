@@ -41,11 +41,15 @@ class ScriptedEngine:
         script: dict[str, Sequence[tuple[float, int]]],
         fail: dict[str, str] | None = None,
         max_batch: int | None = None,
+        delivery_lag: float | None = None,
     ):
         self.clock = clock
         self.script = script
         self.fail = fail or {}
         self._max_batch = max_batch
+        # set: chunks are stamped with the runner's clock when made, then reach the runner this
+        # much later (an in-process engine's batched hand-over to the event loop)
+        self.delivery_lag = delivery_lag
         self.in_flight = 0
         self.peak = 0
         self.config = EngineConfig(engine="scripted", model="none")
@@ -60,7 +64,9 @@ class ScriptedEngine:
     def describe(self) -> dict[str, Any]:
         return {"engine": "scripted"}
 
-    async def stream(self, request: Request, params: GenParams) -> AsyncIterator[Chunk]:
+    async def stream(
+        self, request: Request, params: GenParams, clock: Any = None
+    ) -> AsyncIterator[Chunk]:
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
         try:
@@ -68,9 +74,14 @@ class ScriptedEngine:
             for i, (delay, n) in enumerate(self.script[request.id]):
                 self.clock.now += delay
                 await asyncio.sleep(0)
+                stamp = None
+                if self.delivery_lag is not None:
+                    stamp = clock()
+                    self.clock.now += self.delivery_lag
                 yield Chunk(
                     token_ids=tuple(range(next_id, next_id + n)),
                     prompt_tokens=5 if i == 0 else None,
+                    t=stamp,
                 )
                 next_id += n
             if request.id in self.fail:

@@ -60,6 +60,11 @@ def _ids(chunks: list) -> list[int]:
     return [t for c in chunks for t in c.token_ids]
 
 
+def _timed(chunks: list) -> list:
+    """The chunks that carry tokens (the last one carries only the decoded text)."""
+    return [c for c in chunks if c.size]
+
+
 GREEDY = GenParams(max_new_tokens=N, ignore_eos=True)
 
 
@@ -100,7 +105,9 @@ def test_baseline_stream_matches_generate(engines: dict[str, HFEngine]) -> None:
         **ids, max_new_tokens=N, do_sample=False, eos_token_id=[], pad_token_id=0
     )
     assert _ids(chunks) == ref[0, ids["input_ids"].shape[1] :].tolist()
-    assert len(chunks) == N and all(c.size == 1 for c in chunks)
+    assert len(_timed(chunks)) == N and all(c.size == 1 for c in _timed(chunks))
+    assert chunks[-1].size == 0 and chunks[-1].text == eng.tokenizer.decode(_ids(chunks))
+    assert all(c.t is None for c in chunks)  # no clock given: the consumer times arrival
     assert chunks[0].prompt_tokens == ids["input_ids"].shape[1]
     assert chunks[0].info == {"chat_template": False}
     assert eng.spec_counters() is None and eng.max_batch() is None
@@ -120,7 +127,7 @@ def test_spec_is_lossless_and_counts(engines: dict[str, HFEngine], method: str) 
         multi |= any(c.size > 1 for c in chunks)
         # one chunk per verification step, carrying the accepted drafts plus the target's token
         s = eng.spec_counters() - b
-        assert sum(c.size for c in chunks) == len(chunks) + s.num_accepted_tokens
+        assert sum(c.size for c in chunks) == len(_timed(chunks)) + s.num_accepted_tokens
     d = eng.spec_counters() - before
     assert d.num_drafts > 0
     assert 0 <= d.num_accepted_tokens <= d.num_draft_tokens <= 4 * d.num_drafts
@@ -138,6 +145,39 @@ def test_draft_model_yields_multi_token_chunks(engines: dict[str, HFEngine]) -> 
     chunks = _collect(eng, req, GenParams(max_new_tokens=32, ignore_eos=True))
     assert sum(c.size for c in chunks) == 32
     assert any(c.size > 1 for c in chunks)
+
+
+def test_stamped_stream_is_delivered_in_batches(
+    engines: dict[str, HFEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given the runner's clock, each step's ids are stamped on the generating thread when they
+    exist, and reach the event loop in batches (far fewer wake-ups than tokens)."""
+    import time
+
+    from engines import hf
+
+    pushes: list[str] = []
+    orig = hf._QueueStreamer.push
+
+    def push(self, kind, value=None):
+        pushes.append(kind)
+        orig(self, kind, value)
+
+    monkeypatch.setattr(hf._QueueStreamer, "push", push)
+    monkeypatch.setattr(hf, "DELIVERY_S", 10.0)  # one batch for the whole request
+    eng = engines["baseline"]
+
+    async def go() -> tuple[float, list, float]:
+        t0 = time.perf_counter()
+        chunks = [c async for c in eng.stream(Request("c", PROMPTS[0]), GREEDY, time.perf_counter)]
+        return t0, chunks, time.perf_counter()
+
+    t0, chunks, t1 = asyncio.run(go())
+    stamps = [c.t for c in _timed(chunks)]
+    assert len(stamps) == N and None not in stamps
+    assert t0 < stamps[0] and stamps == sorted(stamps) and len(set(stamps)) == N and stamps[-1] < t1
+    # the first step goes at once, the other N - 1 in one batch at the end, then the end marker
+    assert pushes.count("tokens") == 2 and pushes[-1] == "end"
 
 
 def test_stream_batch_matches_single(engines: dict[str, HFEngine]) -> None:

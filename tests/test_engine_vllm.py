@@ -87,6 +87,8 @@ def baseline(pair: tuple[str, str]) -> dict[str, Any]:
             single = [await _stream_all(engine, [r]) for r in reqs[:2]]
             conc = await _stream_all(engine, reqs)
             late = await _late_join(engine)
+            stamped = await _stamped(engine, reqs)
+            raw_streamed = await engine.generate_batch(reqs, GREEDY, streamed=True)
             too_long = Request(id="long", prompt="fox " * 5000)  # > max_model_len tokens
             try:
                 await _stream_all(engine, [too_long])
@@ -102,6 +104,8 @@ def baseline(pair: tuple[str, str]) -> dict[str, Any]:
                 "single": single,
                 "conc": conc,
                 "late": late,
+                "stamped": stamped,
+                "raw_streamed": raw_streamed,
                 "chat": chat,
                 "too_long_error": too_long_error,
                 "after_error": after_error["ids"],
@@ -113,6 +117,34 @@ def baseline(pair: tuple[str, str]) -> dict[str, Any]:
             await engine.close()
 
     return _run(go())
+
+
+async def _stamped(engine: VLLMEngine, reqs: list[Request]) -> dict[str, Any]:
+    """Stream ``reqs`` with the runner's clock, counting hand-overs to the event loop."""
+    import time
+
+    import engines.vllm as ev
+
+    sizes: list[int] = []
+    orig, orig_s = ev._deliver, ev.DELIVERY_S
+
+    def counting(batch: list) -> None:
+        sizes.append(len(batch))
+        orig(batch)
+
+    ev._deliver, ev.DELIVERY_S = counting, 10.0  # only the first step and the ends go at once
+    try:
+        t0 = time.perf_counter()
+        chunks = await asyncio.gather(
+            *(_collect_stamped(engine, r, time.perf_counter) for r in reqs)
+        )
+        return {"t0": t0, "t1": time.perf_counter(), "chunks": chunks, "deliveries": sizes}
+    finally:
+        ev._deliver, ev.DELIVERY_S = orig, orig_s
+
+
+async def _collect_stamped(engine: VLLMEngine, r: Request, clock: Any) -> list[Any]:
+    return [c async for c in engine.stream(r, GREEDY, clock)]
 
 
 async def _late_join(engine: VLLMEngine) -> list[str]:
@@ -153,6 +185,23 @@ def test_concurrent_streams_interleave(baseline: dict[str, Any]) -> None:
     # the short request joined the running one: it finished before the long one did
     assert late.count("short") >= 1 and late[-1] == "long"
     assert late.index("long") < late.index("short") < len(late) - 1
+
+
+def test_stamped_outputs_are_delivered_in_batches(baseline: dict[str, Any]) -> None:
+    """Given the runner's clock, each step's outputs are stamped on the stepping thread and reach
+    the event loop in a few batches (not one wake-up per step); stamps lie inside the run."""
+    s = baseline["stamped"]
+    assert [[t for c in cs for t in c.token_ids] for cs in s["chunks"]] == baseline["ref"]
+    for cs in s["chunks"]:
+        stamps = [c.t for c in cs]
+        assert None not in stamps and stamps == sorted(stamps)
+        assert s["t0"] < stamps[0] and stamps[-1] < s["t1"]
+        assert len(set(stamps)) == len(stamps) == GREEDY.max_new_tokens  # one step, one stamp
+    # 24 steps, 4 requests: the first step's outputs, then the rest when requests end
+    assert 1 < len(s["deliveries"]) <= 1 + len(PROMPTS)
+    assert sum(s["deliveries"]) == len(PROMPTS) * GREEDY.max_new_tokens
+    # the raw streamed path (bench/overhead.py) steps the same requests with DELTA outputs
+    assert baseline["raw_streamed"] == baseline["ref"]
 
 
 def test_chunk_metadata(baseline: dict[str, Any]) -> None:

@@ -37,6 +37,31 @@ def test_latency_timing_from_injected_clock():
     assert [r.request_id for r in seen] == ["a", "b"]
 
 
+def test_engine_stamps_are_kept_and_delivery_lag_is_not_timed():
+    """An in-process engine stamps chunks with the runner's clock where they are made; the runner
+    keeps those stamps instead of its own arrival time (the lag of the hand-over)."""
+    clock = FakeClock()
+    script = {"a": [(0.5, 1), (0.1, 2), (0.2, 1)]}
+    stamped = ScriptedEngine(clock, script, delivery_lag=0.05)
+    (a,) = run(
+        Runner(stamped, clock=clock, sleep=clock.sleep).run(
+            [Request("a", "x")], GenParams(), Synchronous()
+        )
+    )
+    # the chunks were made at +0.5, +0.65, +0.9 (each lag moves the clock on, unmeasured)
+    assert a.ttft == pytest.approx(0.5)
+    assert a.itl == pytest.approx((0.15, 0.25))
+    assert a.e2e == pytest.approx(0.5 + 0.1 + 0.2 + 3 * 0.05)  # the end: when the stream ended
+    clock2 = FakeClock()
+    plain = ScriptedEngine(clock2, script)  # unstamped: the runner times arrival
+    (b,) = run(
+        Runner(plain, clock=clock2, sleep=clock2.sleep).run(
+            [Request("a", "x")], GenParams(), Synchronous()
+        )
+    )
+    assert b.ttft == pytest.approx(0.5) and b.itl == pytest.approx((0.1, 0.2))
+
+
 def test_failure_is_recorded_not_raised_and_keeps_chunks():
     clock = FakeClock()
     engine = ScriptedEngine(clock, {"a": [(0.1, 3)], "b": [(0.1, 2)]}, fail={"a": "reset by peer"})
@@ -108,7 +133,7 @@ def test_ten_thousand_requests_keep_memory_per_record_small():
         def __init__(self):
             super().__init__(clock, {})
 
-        async def stream(self, request, params):
+        async def stream(self, request, params, clock=None):
             for i, (delay, _n) in enumerate(tokens):
                 clock.now += delay
                 yield Chunk(token_ids=(i,), text="tok ", prompt_tokens=5 if i == 0 else None)
