@@ -1,11 +1,11 @@
 """The engine protocol, the shapes that cross it, and the lazy engine registry.
 
 An engine turns one request into a stream of token-id chunks. It never computes a latency and
-never renders a table. The runner owns the clock: it stamps the send, the end, and every chunk
-that arrives unstamped. An engine whose tokens appear on a thread of its own (in-process models)
-is handed the runner's clock and stamps each chunk there (``Chunk.t``), the moment its ids are on
-the host; it may then hand chunks to the event loop in batches, so the measured engine does not
-pay for one cross-thread wake-up per token.
+never renders a table. The runner owns the clock: it reads it at send and at the end, and hands
+it to ``stream``; the engine stamps each chunk (``Chunk.t``) where its tokens first exist for the
+client: on the host for in-process models (on the engine's own thread, which may then hand
+chunks to the event loop in batches instead of waking it per token), at the socket read for HTTP
+engines. A chunk left unstamped is stamped by the runner when it receives it.
 """
 
 from __future__ import annotations

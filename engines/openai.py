@@ -83,15 +83,21 @@ def _check_url(url: Any) -> None:
         raise EngineError(f"base_urls: {url!r} is not an http(s) URL")
 
 
-async def sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
-    """The ``data`` of each SSE event (multi-line data joined by newlines), in order.
+async def sse_events(
+    resp: aiohttp.ClientResponse, clock: Clock | None = None
+) -> AsyncIterator[tuple[str, float | None]]:
+    """The ``data`` of each SSE event (multi-line data joined by newlines), in order, with the
+    time its last bytes were read (``clock()`` as the read returned; None without a clock).
 
     Lines are split by hand over ``iter_any`` so no line-length limit applies (aiohttp's
     ``readline`` fails on lines above its buffer; vLLM issue #39963).
     """
     buf = b""
     data: list[str] = []
+    t = None
     async for piece in resp.content.iter_any():
+        if clock is not None:
+            t = clock()  # as vllm bench does: the read, before any parsing
         buf += piece
         if b"\n" not in piece:
             if len(buf) > MAX_EVENT:
@@ -103,7 +109,7 @@ async def sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
                 line = line[:-1]
             if not line:
                 if data:
-                    yield "\n".join(data)
+                    yield "\n".join(data), t
                     data = []
             elif line[:5] == b"data:":
                 value = line[5:]
@@ -113,7 +119,7 @@ async def sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
     if tail.startswith(b"data:"):
         data.append(tail[5:].lstrip(b" ").decode())
     if data:
-        yield "\n".join(data)
+        yield "\n".join(data), t
 
 
 def _choice_text(choice: Mapping[str, Any], chat: bool) -> str:
@@ -127,8 +133,9 @@ def _choice_text(choice: Mapping[str, Any], chat: bool) -> str:
     return text
 
 
-def parse_event(obj: Any, chat: bool) -> list[Chunk]:
-    """The chunks one decoded SSE event carries (choice 0 only; usage as a zero-token chunk)."""
+def parse_event(obj: Any, chat: bool, t: float | None = None) -> list[Chunk]:
+    """The chunks one decoded SSE event carries (choice 0 only; usage as a zero-token chunk),
+    stamped ``t`` (when the event was read)."""
     if not isinstance(obj, dict):
         raise RequestFailed("bad sse", f"event is not a JSON object: {str(obj)[:80]}")
     if obj.get("error"):
@@ -141,11 +148,11 @@ def parse_event(obj: Any, chat: bool) -> list[Chunk]:
             continue
         text = _choice_text(choice, chat)
         raw = choice.get("token_ids")
-        ids = tuple(int(t) for t in raw) if isinstance(raw, list) else None
+        ids = tuple(map(int, raw)) if isinstance(raw, list) else None
         n = len(ids) if ids is not None else (1 if text else 0)
         finish = choice.get("finish_reason")
         if n or finish:
-            out.append(Chunk(token_ids=ids or (), num_tokens=n, text=text, finish_reason=finish))
+            out.append(Chunk(ids or (), n, text=text, finish_reason=finish, t=t))
     usage = obj.get("usage")
     if isinstance(usage, dict):
         out.append(
@@ -261,7 +268,7 @@ class OpenAIEngine:
     async def stream(
         self, request: Request, params: GenParams, clock: Clock | None = None
     ) -> AsyncIterator[Chunk]:
-        """Chunks arrive on the event loop: left unstamped, the runner times them on arrival."""
+        """Each chunk is stamped with ``clock`` when its bytes were read from the socket."""
         if self._session is None:
             raise RuntimeError("openai: stream() before start()")
         url = self.base_urls[next(self._rr) % len(self.base_urls)]
@@ -277,7 +284,7 @@ class OpenAIEngine:
                 if resp.status >= 400:
                     body = await resp.text(errors="replace")
                     raise RequestFailed("http", _one_line(body) or resp.reason or "", resp.status)
-                async for data in sse_events(resp):
+                async for data, t in sse_events(resp, clock):
                     if data.strip() == "[DONE]":
                         done = True
                         break
@@ -285,7 +292,7 @@ class OpenAIEngine:
                         obj = json.loads(data)
                     except ValueError as e:
                         raise RequestFailed("bad sse", f"{e}: {_one_line(data, 80)}") from None
-                    for chunk in parse_event(obj, chat):
+                    for chunk in parse_event(obj, chat, t):
                         if first:
                             chunk = replace(chunk, info={"replica": url})
                             first = False

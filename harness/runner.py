@@ -1,9 +1,10 @@
 """The runner: sends requests as the load strategy says and times every chunk.
 
 It owns the clock (``clock``, default ``time.perf_counter``; tests inject a fake one) and reads it
-at send, at the end, and at each token-carrying chunk that arrives unstamped. In-process engines
-are handed the same clock and stamp chunks on their own thread (``Chunk.t``), where the tokens
-appear: the runner keeps those stamps, so batching delivery to the event loop moves no timestamp.
+at send, at the end, and at each token-carrying chunk that arrives unstamped. Engines are handed
+the same clock and stamp chunks where the tokens first exist (``Chunk.t``: the host for
+in-process models, the socket read for HTTP): the runner keeps those stamps, so an engine that
+batches its hand-over to the event loop moves no timestamp.
 """
 
 from __future__ import annotations

@@ -138,6 +138,28 @@ def test_chunk_timing_follows_injected_delays() -> None:
     _run(Behaviour(tokens=6, delay=gap, first_delay=first), body)
 
 
+def test_chunks_are_stamped_when_read_given_a_clock() -> None:
+    """With the runner's clock, each chunk carries the time its bytes were read: after the send,
+    before the consumer sees it, and the gaps follow the server's delays."""
+    gap = 0.05
+
+    async def body(engine: OpenAIEngine, server: FakeServer) -> None:
+        t_send = time.perf_counter()
+        seen = []
+        async for c in engine.stream(PROMPT, PARAMS, time.perf_counter):
+            if c.size:
+                seen.append((c.t, time.perf_counter()))
+        stamps = [t for t, _ in seen]
+        assert len(stamps) == 4 and None not in stamps
+        assert t_send < stamps[0] and all(t <= arrived for t, arrived in seen)
+        gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+        assert min(gaps) >= gap - 0.005 and abs(statistics.median(gaps) - gap) < 0.02, gaps
+        plain = [c.t for c in await _collect(engine) if c.size]
+        assert plain == [None] * 4  # no clock: the runner times arrival
+
+    _run(Behaviour(tokens=4, delay=gap), body)
+
+
 def test_api_key_sent_as_bearer_and_never_described(monkeypatch: pytest.MonkeyPatch) -> None:
     secret = "sk-test-0123456789"
     monkeypatch.setenv("MY_KEY", secret)
@@ -306,7 +328,7 @@ def test_sse_parser_handles_split_reads() -> None:
         content = Content()
 
     async def main() -> list[str]:
-        return [e async for e in sse_events(Resp())]  # type: ignore[arg-type]
+        return [e async for e, _ in sse_events(Resp())]  # type: ignore[arg-type]
 
     assert asyncio.run(main()) == ['{"a":\n1}', "[DONE]"]
 
