@@ -32,6 +32,31 @@ class Headline:
     target: str  # e.g. ">= 0.98"
     ok: bool | None
     detail: str = ""
+    within_noise: bool = False  # missed, but the 95% CI of the median reaches the target
+
+
+def ratio_headline(label: str, rs: Sequence[float], lo: float, hi: float, target: str) -> Headline:
+    """The median of per-pair ratios against the band [lo, hi], with a bootstrap 95% CI."""
+    m = med(rs)
+    ci = median_ci(rs)
+    ok = m is not None and lo <= m <= hi
+    detail = f"95% CI of the median [{ci[0]:.3f}, {ci[1]:.3f}], {len(rs)} pairs" if ci else ""
+    noise = bool(not ok and ci and ci[1] >= lo and ci[0] <= hi)
+    return Headline(label, m, target, ok if m is not None else None, detail, noise)
+
+
+def median_ci(
+    xs: Sequence[float], resamples: int = 2000, seed: int = 0
+) -> tuple[float, float] | None:
+    """Seeded bootstrap 95% interval of the median (None under 3 values)."""
+    if len(xs) < 3:
+        return None
+    import numpy as np
+
+    a = np.asarray(xs, dtype=float)
+    idx = np.random.default_rng(seed).integers(0, len(a), (resamples, len(a)))
+    meds = np.median(a[idx], axis=1)
+    return float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))
 
 
 @dataclass

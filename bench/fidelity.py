@@ -13,11 +13,11 @@ import tempfile
 from pathlib import Path
 
 from bench.common import (
-    Headline,
     Result,
     interleave,
     med,
     prompts,
+    ratio_headline,
     ratios,
     requests,
     spread,
@@ -55,7 +55,7 @@ async def run(quick: bool) -> Result:
     res = Result("fidelity", "2. HTTP fidelity (harness openai engine vs vllm bench serve)")
     model, fallback = target_model()
     work = Path(tempfile.mkdtemp(prefix="bench-fidelity-"))
-    c, n, tokens, pairs = (4, 8, 16, 1) if quick else (8, 16, 64, 5)
+    c, n, tokens, pairs = (4, 8, 16, 1) if quick else (8, 32, 64, 9)
     texts = prompts(n, tag="fid")
     data = work / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
@@ -123,20 +123,9 @@ async def run(quick: bool) -> Result:
             "interleaved pair(s) after one untimed warm-up of each side. Server: "
             f"`{' '.join(server.argv)}` (log in {work})."
         )
-        m_tok, m_ttft = med(tok_r), med(ttft_r)
         res.headlines += [
-            Headline(
-                "output tok/s harness / vllm bench",
-                m_tok,
-                "within 5%",
-                m_tok is not None and abs(m_tok - 1) <= 0.05,
-            ),  # fmt: skip
-            Headline(
-                "median TTFT harness / vllm bench",
-                m_ttft,
-                "within 10%",
-                m_ttft is not None and abs(m_ttft - 1) <= 0.10,
-            ),  # fmt: skip
+            ratio_headline("output tok/s harness / vllm bench", tok_r, 0.95, 1.05, "within 5%"),
+            ratio_headline("median TTFT harness / vllm bench", ttft_r, 0.90, 1.10, "within 10%"),
         ]
         if not all(h.ok for h in res.headlines):
             res.body.append(

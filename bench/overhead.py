@@ -28,6 +28,7 @@ from bench.common import (
     med,
     now,
     prompts,
+    ratio_headline,
     ratios,
     requests,
     spread,
@@ -96,8 +97,9 @@ async def _measure(row: Row, pairs: int, tokens: int) -> list[Measured]:
         facts = {"label": label, "ratio": m, "cpu_us": med(loop_cpu), "tps": med(xs)}
         head = None
         if j == 1:
-            ok = m is not None and m >= TARGET
-            head = Headline(f"{label}: tok/s harness / raw", m, f">= {TARGET}", ok)
+            head = ratio_headline(
+                f"{label}: tok/s harness / raw", rs, TARGET, float("inf"), f">= {TARGET}"
+            )
         out.append((cells, head, facts))
     return out
 
