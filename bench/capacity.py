@@ -141,7 +141,7 @@ async def _profile(url: str, texts: list[str], tokens: int, c: int) -> str:
 
 def _errors(measured: list[tuple[str, float | None, list[float]]], sends: dict) -> dict:
     """TTFT/ITL minus injected and minus the stub's realized delays, in ms."""
-    inj_t, inj_i, real_t, real_i = [], [], [], []
+    inj_t, inj_i, real_t, real_i, stub_i = [], [], [], [], []
     for key, ttft, itl in measured:
         s = sends.get(key)
         if ttft is None or s is None:
@@ -149,6 +149,7 @@ def _errors(measured: list[tuple[str, float | None, list[float]]], sends: dict) 
         inj_t.append(ttft - TTFT_MS / 1e3)
         inj_i += [x - ITL_MS / 1e3 for x in itl]
         gaps = np.diff(s["sends"]).tolist()
+        stub_i += [g - ITL_MS / 1e3 for g in gaps]
         real_t.append(ttft - (s["sends"][0] - s["recv"]))
         real_i += [x - g for x, g in zip(itl, gaps)]
 
@@ -161,14 +162,16 @@ def _errors(measured: list[tuple[str, float | None, list[float]]], sends: dict) 
         "itl_inj": q(inj_i),
         "ttft_real": q(real_t),
         "itl_real": q(real_i),
+        "stub_itl": q(stub_i),  # the server's own jitter: its send gaps minus the injected ITL
     }
 
 
 async def _timing_error(
     res: Result, stub: StubServer, vb: VBench, work: Path, model: str,
     c: int, n: int, tokens: int, runs: int,
-) -> list[list[Any]]:  # fmt: skip
-    """Both clients against the delaying stub at concurrency ``c``; table rows and a headline."""
+) -> tuple[list[list[Any]], list[str]]:  # fmt: skip
+    """Both clients against the delaying stub at concurrency ``c``: table rows, a headline (in
+    ``res``) and, where it misses, why."""
     delays = {"stub_ttft_ms": TTFT_MS, "stub_itl_ms": ITL_MS}
     err: dict[str, list[dict]] = {"harness": [], "vllm bench": []}
     argv: list[str] = []
@@ -188,22 +191,33 @@ async def _timing_error(
     res.commands.append(command(argv))
     rows = []
     for who, runs_ in err.items():
-        for metric in ("ttft_inj", "itl_inj", "ttft_real", "itl_real"):
+        for metric in ("ttft_inj", "itl_inj", "ttft_real", "itl_real", "stub_itl"):
             vals = np.array([run[metric] for run in runs_])
             rows.append([c, who, metric, *np.median(vals, axis=0).tolist()])
     h_itl = float(np.median([run["itl_real"][2] for run in err["harness"]]))
     v_itl = float(np.median([run["itl_real"][2] for run in err["vllm bench"]]))
     h_inj = float(np.median([run["itl_inj"][2] for run in err["harness"]]))
-    res.headlines.append(
-        Headline(
-            f"harness ITL p99 |error| vs stub's sends, c={c} (ms)",
-            h_itl,
-            "< 1 ms",
-            h_itl < 1.0,
-            f"vllm bench: {v_itl:.3f} ms; harness vs injected: {h_inj:.3f} ms",
-        )  # fmt: skip
+    stub = float(np.median([run["stub_itl"][2] for run in err["harness"]]))
+    h_ttft = float(np.median([run["ttft_real"][2] for run in err["harness"]]))
+    v_ttft = float(np.median([run["ttft_real"][2] for run in err["vllm bench"]]))
+    detail = (
+        f"vllm bench: {v_itl:.3f} ms; harness vs injected: {h_inj:.3f} ms; TTFT p99 |error| "
+        f"vs stub: harness {h_ttft:.3f}, vllm bench {v_ttft:.3f} ms"
     )
-    return rows
+    label = f"harness ITL p99 |error| vs stub's sends, c={c} (ms)"
+    res.headlines.append(Headline(label, h_itl, "< 1 ms", h_itl < 1.0, detail))
+    notes = []
+    if h_itl >= 1.0:
+        notes.append(
+            f"At concurrency {c} the harness's ITL p99 error ({h_itl:.3f} ms) misses 1 ms; vllm "
+            f"bench's is {v_itl:.3f} ms and the stub's own send jitter p99 is {stub:.3f} ms in "
+            f"the same runs. {c} streams x {1e3 / ITL_MS:.0f} events/s share 2 cores with the "
+            "stub's process: a read then waits for the OS to run the client, whichever client "
+            "it is. Each stream stamps its read before any parsing and yields so the other "
+            "ready streams stamp theirs first (engines/openai.py, `sse_events`); a client on its "
+            "own cores would remove the rest."
+        )
+    return rows, notes
 
 
 async def run(quick: bool) -> Result:
@@ -284,11 +298,13 @@ async def run(quick: bool) -> Result:
                 "several events, instead of one per event)."
             )
         # ---- timing error, from one stream to a busy client ----
-        rows = []
+        rows, notes = [], []
         for c, n in [(1, 4), (8, 16)] if quick else [(1, 8), (4, 16), (16, 64)]:
-            rows += await _timing_error(
+            more, why = await _timing_error(
                 res, stub, vb, work, model, c, n, tokens, 3 if not quick else 1
             )
+            rows += more
+            notes += why
         res.body.append(
             f"Timing error, injected TTFT {TTFT_MS:g} ms and ITL {ITL_MS:g} ms, {tokens} tokens "
             "per request (`*_inj`: minus the injected delay; `*_real`: minus the stub's own "
@@ -298,6 +314,7 @@ async def run(quick: bool) -> Result:
         res.body.append(
             table(["concurrency", "client", "metric", "median", "p99", "p99 of |error|"], rows)
         )
+        res.body.extend(notes)
         if fallback:
             res.body.append("(tokenizer for vllm bench: stand-in model; the pair was missing)")
     finally:

@@ -108,6 +108,32 @@ def _fallback() -> Path:
     return FALLBACK_DIR
 
 
+def scaled_model(like: str, dims: dict[str, int]) -> str:
+    """A random-weight copy of model ``like`` (its tokenizer, its config with ``dims`` changed),
+    written once under /tmp: forward cost depends on the shapes, not on the weights."""
+    import json
+    import shutil
+
+    name = "x".join(str(dims[k]) for k in sorted(dims))
+    out = Path(f"/tmp/bench_scaled_{name}")
+    if (out / "model.safetensors").exists():
+        return str(out)
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out.mkdir(parents=True, exist_ok=True)
+    for f in Path(like).iterdir():
+        if f.name != "model.safetensors" and f.name != "config.json":
+            shutil.copy(f, out / f.name)
+    cfg = json.loads((Path(like) / "config.json").read_text())
+    heads = dims["hidden_size"] // cfg.get("head_dim", 64)
+    cfg.update(dims, num_attention_heads=heads, num_key_value_heads=heads)
+    (out / "config.json").write_text(json.dumps(cfg))
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out)).save_pretrained(out)
+    return str(out)
+
+
 def prompts(n: int, tag: str = "p") -> list[str]:
     """``n`` deterministic prompts (starts of standard-library sources), each unique by a tag
     line so a stub server can key on it."""

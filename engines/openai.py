@@ -98,6 +98,9 @@ async def sse_events(
     async for piece in resp.content.iter_any():
         if clock is not None:
             t = clock()  # as vllm bench does: the read, before any parsing
+            # then let the other streams whose reads are ready take their stamps before this
+            # one parses: under load a stamp waits for reads, not for other streams' parsing
+            await asyncio.sleep(0)
         buf += piece
         if b"\n" not in piece:
             if len(buf) > MAX_EVENT:

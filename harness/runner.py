@@ -53,11 +53,12 @@ class _Timing:
             self.info.update(chunk.info)
         if chunk.text:
             self.text.append(chunk.text)
-        if chunk.size <= 0:
+        n = chunk.size
+        if n <= 0:
             return
         self.times.append(t)
-        self.sizes.append(chunk.size)
-        if chunk.token_ids and len(chunk.token_ids) == chunk.size:
+        self.sizes.append(n)
+        if len(chunk.token_ids) == n:
             self.ids.extend(chunk.token_ids)
         else:
             self.ids_known = False
