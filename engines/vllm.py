@@ -139,6 +139,7 @@ class VLLMEngine:
         self._thread: threading.Thread | None = None
         self._cmds: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._sinks: dict[str, _Sink] = {}
+        self._pending: list[tuple[_Sink, Any]] = []  # stamped outputs not yet handed over
         self._ids = itertools.count()
         self._kwargs: dict[str, Any] = {}
         self._defaults: dict[str, Any] = {}
@@ -298,13 +299,11 @@ class VLLMEngine:
     def _serve(self) -> concurrent.futures.Future[None]:
         """Serve commands and step while requests are unfinished; return the stop future."""
         engine = self._llm.llm_engine
-        pending: list[tuple[_Sink, Any]] = []
         sent_at: float | None = None
         while True:
             busy = engine.has_unfinished_requests()
-            if not busy and pending:  # only leftovers of aborted requests can wait here
-                pending[0][0].loop.call_soon_threadsafe(_deliver, pending)
-                pending = []
+            if not busy:  # only leftovers of aborted requests can wait here
+                self._flush()
             cmd = self._cmds.get() if not busy else None  # idle: block until there is work
             while True:
                 if cmd is None:
@@ -323,15 +322,20 @@ class VLLMEngine:
             now = False  # deliver this step at once: a request ended, or an output is unstamped
             for out in outs:
                 if (d := self._dispatch(out, stamps)) is not None:
-                    pending.append(d)
+                    self._pending.append(d)
                     now = now or d[1][3] or d[0].clock is None
-            if not pending:
+            if not self._pending:
                 continue
             t = next(iter(stamps.values()), None)
             if now or sent_at is None or t is None or t - sent_at >= DELIVERY_S:
-                sent_at = t  # one wake-up of the event loop for many outputs
-                pending[0][0].loop.call_soon_threadsafe(_deliver, pending)
-                pending = []
+                sent_at = t
+                self._flush()
+
+    def _flush(self) -> None:
+        """Hand the pending outputs to the event loop: one wake-up for all of them."""
+        if self._pending:
+            batch, self._pending = self._pending, []
+            batch[0][0].loop.call_soon_threadsafe(_deliver, batch)
 
     def _handle(self, cmd: tuple[Any, ...]) -> None:
         kind = cmd[0]
@@ -374,6 +378,7 @@ class VLLMEngine:
         return sink, item
 
     def _fail_all(self, exc: BaseException) -> None:
+        self._flush()  # the tokens made before the failure reach their records first
         for sink in self._sinks.values():
             sink(exc)
         self._sinks.clear()
