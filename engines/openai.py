@@ -31,6 +31,7 @@ from engines.base import (
     GenParams,
     SpecCounters,
 )
+from engines.sse import RequestFailed, parse_event, sse_events
 from workloads.base import Request
 
 # option -> accepted types (None = may be left unset)
@@ -47,25 +48,8 @@ OPTIONS: dict[str, tuple[type, ...]] = {
 }
 ENDPOINTS = {"completions": "/completions", "chat": "/chat/completions"}
 READ_BUFSIZE = 1 << 24  # 16 MiB; lines are split by hand anyway, so no line-length limit
-MAX_EVENT = 1 << 28  # 256 MiB: a "line" longer than this is a broken server, not a token
 START_TIMEOUT = 30.0
 KEEPALIVE_S = 4.0  # below uvicorn's 5 s, so a pooled connection is never one the server closed
-
-
-class RequestFailed(Exception):
-    """One request failed; ``str(exc)`` is one line starting with ``kind`` (e.g. ``http 429: ...``).
-
-    Kinds: ``http`` (with ``status``), ``connection refused``, ``connection reset``,
-    ``incomplete stream``, ``bad sse``, ``server error`` (an error event in the stream),
-    ``timeout``, ``unsupported``, ``client error``.
-    """
-
-    def __init__(self, kind: str, detail: str = "", status: int | None = None) -> None:
-        self.kind = kind
-        self.status = status
-        head = f"{kind} {status}" if status is not None else kind
-        text = f"{head}: {detail}" if detail else head
-        super().__init__(" ".join(text.split())[:500])
 
 
 def split_base_url(url: str) -> tuple[str, str]:
@@ -81,91 +65,6 @@ def _check_url(url: Any) -> None:
     u = urlparse(url)
     if u.scheme not in ("http", "https") or not u.netloc:
         raise EngineError(f"base_urls: {url!r} is not an http(s) URL")
-
-
-async def sse_events(
-    resp: aiohttp.ClientResponse, clock: Clock | None = None
-) -> AsyncIterator[tuple[str, float | None]]:
-    """The ``data`` of each SSE event (multi-line data joined by newlines), in order, with the
-    time its last bytes were read (``clock()`` as the read returned; None without a clock).
-
-    Lines are split by hand over ``iter_any`` so no line-length limit applies (aiohttp's
-    ``readline`` fails on lines above its buffer; vLLM issue #39963).
-    """
-    buf = b""
-    data: list[str] = []
-    t = None
-    async for piece in resp.content.iter_any():
-        if clock is not None:
-            t = clock()  # as vllm bench does: the read, before any parsing
-            # then let the other streams whose reads are ready take their stamps before this
-            # one parses: under load a stamp waits for reads, not for other streams' parsing
-            await asyncio.sleep(0)
-        buf += piece
-        if b"\n" not in piece:
-            if len(buf) > MAX_EVENT:
-                raise RequestFailed("bad sse", f"line longer than {MAX_EVENT} bytes")
-            continue
-        *lines, buf = buf.split(b"\n")  # every complete line of this read, in one pass
-        for line in lines:
-            if line[-1:] == b"\r":
-                line = line[:-1]
-            if not line:
-                if data:
-                    yield "\n".join(data), t
-                    data = []
-            elif line[:5] == b"data:":
-                value = line[5:]
-                data.append((value[1:] if value[:1] == b" " else value).decode())
-            # comments (":...") and other fields (event, id, retry) carry nothing we use
-    tail = buf.rstrip(b"\r")
-    if tail.startswith(b"data:"):
-        data.append(tail[5:].lstrip(b" ").decode())
-    if data:
-        yield "\n".join(data), t
-
-
-def _choice_text(choice: Mapping[str, Any], chat: bool) -> str:
-    if not chat:
-        return str(choice.get("text") or "")
-    delta = choice.get("delta") or {}
-    text = str(delta.get("content") or "")
-    text += str(delta.get("reasoning_content") or delta.get("reasoning") or "")
-    for call in delta.get("tool_calls") or ():
-        text += str(((call or {}).get("function") or {}).get("arguments") or "")
-    return text
-
-
-def parse_event(obj: Any, chat: bool, t: float | None = None) -> list[Chunk]:
-    """The chunks one decoded SSE event carries (choice 0 only; usage as a zero-token chunk),
-    stamped ``t`` (when the event was read)."""
-    if not isinstance(obj, dict):
-        raise RequestFailed("bad sse", f"event is not a JSON object: {str(obj)[:80]}")
-    if obj.get("error"):
-        err = obj["error"]
-        msg = err.get("message", err) if isinstance(err, dict) else err
-        raise RequestFailed("server error", str(msg))
-    out: list[Chunk] = []
-    for choice in obj.get("choices") or ():
-        if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-            continue
-        text = _choice_text(choice, chat)
-        raw = choice.get("token_ids")
-        ids = tuple(map(int, raw)) if isinstance(raw, list) else None
-        n = len(ids) if ids is not None else (1 if text else 0)
-        finish = choice.get("finish_reason")
-        if n or finish:
-            out.append(Chunk(ids or (), n, text=text, finish_reason=finish, t=t))
-    usage = obj.get("usage")
-    if isinstance(usage, dict):
-        out.append(
-            Chunk(
-                num_tokens=0,
-                prompt_tokens=usage.get("prompt_tokens"),
-                usage_output_tokens=usage.get("completion_tokens"),
-            )
-        )
-    return out
 
 
 def _one_line(text: str, limit: int = 200) -> str:

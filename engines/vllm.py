@@ -22,15 +22,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-import difflib
 import gc
 import itertools
-import json
 import os
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, ClassVar
 
 from engines.base import (
@@ -44,6 +41,12 @@ from engines.base import (
     SpecCounters,
 )
 from engines.vllm_metrics import spec_counters_from_snapshot
+from engines.vllm_setup import (
+    engine_kwargs,
+    free_dist_state,
+    patch_kernel_rebinding,
+    validate_config,
+)
 
 # Must be set before vLLM is imported: the engine core then runs in this process.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -51,9 +54,6 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 DELIVERY_S = 0.05  # stamped outputs reach the event loop at most this often (and when one ends)
-CPU_MAX_MODEL_LEN = 2048
-CPU_KV_CACHE_BYTES = 512 * 2**20  # vLLM's CPU default reserves 92% of RAM; far too much here
-_RESERVED = ("model", "tokenizer", "speculative_config")  # set through EngineConfig fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,59 +72,6 @@ def _deliver(batch: list[tuple[_Sink, Any]]) -> None:
     """On the event loop: hand a step's outputs to their requests' queues."""
     for sink, item in batch:
         sink.queue.put_nowait(item)
-
-
-def _looks_like_path(s: str) -> bool:
-    return s.startswith(("/", "./", "../", "~")) or os.path.exists(s)
-
-
-def _model_max_len(model: str) -> int | None:
-    """``max_position_embeddings`` from a local model's config.json, if readable."""
-    try:
-        cfg = json.loads((Path(model).expanduser() / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    for c in (cfg, cfg.get("text_config") or {}):
-        if isinstance(c.get("max_position_embeddings"), int):
-            return c["max_position_embeddings"]
-    return None
-
-
-def _safe_vars(obj: Any) -> Mapping[str, Any]:
-    """``vars`` that yields {} when ``__dict__`` is not a mapping (llvmlite's ``ffi.lib``)."""
-    try:
-        d = vars(obj)
-    except TypeError:
-        return {}
-    return d if isinstance(d, Mapping) else {}
-
-
-def _patch_kernel_rebinding() -> str | None:
-    """Work around a vLLM 0.32 CPU start-up crash once numba/llvmlite is imported.
-
-    ``triton_utils.dispatcher._rebind_kernels`` scans every module and calls
-    ``vars(value).get(...)``; ``vars(llvmlite.binding.ffi.lib)`` is not a dict, so every engine
-    started after an ngram engine (whose proposer imports numba) fails. Shadowing ``vars`` in
-    that module with a safe version fixes it without changing what the scan rebinds.
-    """
-    try:
-        from vllm.triton_utils import dispatcher
-    except ImportError:
-        return None
-    if not hasattr(dispatcher, "_rebind_kernels"):
-        return None
-    dispatcher.vars = _safe_vars  # type: ignore[attr-defined]
-    return "triton_utils.dispatcher.vars -> safe vars (llvmlite ffi.lib crash)"
-
-
-def _free_dist_state() -> None:
-    """Release what a half-built engine left (vLLM's distributed groups, garbage)."""
-    try:
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-        cleanup_dist_env_and_memory()
-    except Exception:  # noqa: BLE001 - best effort after a failed start
-        gc.collect()
 
 
 class VLLMEngine:
@@ -150,74 +97,11 @@ class VLLMEngine:
     # ---- validation & start -----------------------------------------------------------------
     @classmethod
     def validate(cls, config: EngineConfig) -> None:
-        for what, path in (("model", config.model), ("tokenizer", config.tokenizer)):
-            if path and _looks_like_path(path) and not Path(path).expanduser().exists():
-                raise EngineError(f"vllm: {what} path does not exist: {path}")
-        spec = config.spec_config
-        if spec is not None:
-            method = spec.get("method")
-            if method not in cls.spec_methods:
-                raise EngineError(
-                    f"vllm: unknown speculative method {method!r}; "
-                    f"choose from: {', '.join(cls.spec_methods)}"
-                )
-            draft = spec.get("model")
-            if method == "draft_model" and not draft:
-                raise EngineError("vllm: speculative method 'draft_model' needs a 'model' path")
-            is_path = isinstance(draft, str) and _looks_like_path(draft)
-            if is_path and not Path(draft).expanduser().exists():
-                raise EngineError(f"vllm: draft model path does not exist: {draft}")
-        bad = [k for k in config.engine_args if k in _RESERVED]
-        if bad:
-            raise EngineError(f"vllm: set {bad[0]!r} through the engine config, not engine_args")
-        from vllm.engine.arg_utils import EngineArgs
-
-        fields = {f.name for f in dataclasses.fields(EngineArgs)}
-        for key in config.engine_args:
-            if key not in fields:
-                close = difflib.get_close_matches(key, fields, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise EngineError(f"vllm: unknown engine_args key {key!r}{hint}")
-
-    def _engine_kwargs(self) -> dict[str, Any]:
-        """Everything passed to ``LLM``; the defaults this adapter chose go to describe()."""
-        from vllm.platforms import current_platform
-
-        cfg, user = self.config, dict(self.config.engine_args)
-        defaults: dict[str, Any] = {}
-        if "disable_log_stats" not in user:
-            defaults["disable_log_stats"] = False  # get_metrics() needs the stat loggers
-        if current_platform.is_cpu():
-            if "enforce_eager" not in user:
-                defaults["enforce_eager"] = True
-            if "max_model_len" not in user:
-                model_max = _model_max_len(cfg.model)
-                defaults["max_model_len"] = min(CPU_MAX_MODEL_LEN, model_max or CPU_MAX_MODEL_LEN)
-            memory_keys = ("kv_cache_memory_bytes", "gpu_memory_utilization")
-            if not any(k in user for k in memory_keys) and not os.environ.get(
-                "VLLM_CPU_KVCACHE_SPACE"
-            ):
-                defaults["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
-        if "dtype" not in user:
-            dtype = cfg.dtype
-            if dtype == "auto" and current_platform.is_cpu():
-                dtype = "float32"  # bf16 measured slower on the dev CPU (tiny models)
-            if dtype != cfg.dtype:
-                defaults["dtype"] = dtype
-            user.setdefault("dtype", dtype)
-        user.setdefault("seed", cfg.seed)
-        self._defaults = defaults
-        return {
-            "model": cfg.model,
-            "tokenizer": cfg.tokenizer,
-            "speculative_config": None if cfg.spec_config is None else dict(cfg.spec_config),
-            **defaults,
-            **user,
-        }
+        validate_config(config, cls.spec_methods)
 
     async def start(self) -> None:
         self.validate(self.config)
-        self._kwargs = self._engine_kwargs()
+        self._kwargs, self._defaults = engine_kwargs(self.config)
         ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(
             target=self._run, args=(ready,), name="vllm-stepper", daemon=True
@@ -254,7 +138,7 @@ class VLLMEngine:
         try:
             from vllm import LLM
 
-            patched = _patch_kernel_rebinding()
+            patched = patch_kernel_rebinding()
             self._llm = LLM(**self._kwargs)
             tok = self._llm.get_tokenizer()
             self._has_template = bool(getattr(tok, "chat_template", None))
@@ -264,7 +148,7 @@ class VLLMEngine:
                 self._facts["workarounds"] = [patched]
         except BaseException as e:  # noqa: BLE001 - reported to start()
             self._llm = None
-            _free_dist_state()
+            free_dist_state()
             ready.set_exception(e)
             return
         ready.set_result(None)

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from engines.base import Chunk, EngineConfig, EngineError, GenParams, SpecCounters
-from engines.openai import OpenAIEngine, RequestFailed, sse_events
+from engines.openai import OpenAIEngine
 from engines.prom import parse_metrics
+from engines.sse import RequestFailed, sse_events
 from tests.fake_server import TOKEN_BASE, Behaviour, FakeServer, render_metrics
 from workloads.base import Request
 

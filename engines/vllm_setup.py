@@ -1,0 +1,139 @@
+"""What the in-process vLLM engine hands to ``LLM(...)``: config checks, the CPU defaults it
+chooses (recorded, never hidden), and the workarounds a vLLM release needs at start-up."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import gc
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from engines.base import EngineConfig, EngineError
+
+CPU_MAX_MODEL_LEN = 2048
+CPU_KV_CACHE_BYTES = 512 * 2**20  # vLLM's CPU default reserves 92% of RAM; far too much here
+RESERVED = ("model", "tokenizer", "speculative_config")  # set through EngineConfig fields
+
+
+def validate_config(config: EngineConfig, spec_methods: tuple[str, ...]) -> None:
+    """Cheap checks before anything loads: paths, the speculative method, engine_args keys."""
+    for what, path in (("model", config.model), ("tokenizer", config.tokenizer)):
+        if path and looks_like_path(path) and not Path(path).expanduser().exists():
+            raise EngineError(f"vllm: {what} path does not exist: {path}")
+    spec = config.spec_config
+    if spec is not None:
+        method = spec.get("method")
+        if method not in spec_methods:
+            raise EngineError(
+                f"vllm: unknown speculative method {method!r}; "
+                f"choose from: {', '.join(spec_methods)}"
+            )
+        draft = spec.get("model")
+        if method == "draft_model" and not draft:
+            raise EngineError("vllm: speculative method 'draft_model' needs a 'model' path")
+        is_path = isinstance(draft, str) and looks_like_path(draft)
+        if is_path and not Path(draft).expanduser().exists():
+            raise EngineError(f"vllm: draft model path does not exist: {draft}")
+    bad = [k for k in config.engine_args if k in RESERVED]
+    if bad:
+        raise EngineError(f"vllm: set {bad[0]!r} through the engine config, not engine_args")
+    from vllm.engine.arg_utils import EngineArgs
+
+    fields = {f.name for f in dataclasses.fields(EngineArgs)}
+    for key in config.engine_args:
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise EngineError(f"vllm: unknown engine_args key {key!r}{hint}")
+
+
+def engine_kwargs(cfg: EngineConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Everything passed to ``LLM``, and the defaults this adapter chose (for describe())."""
+    from vllm.platforms import current_platform
+
+    user = dict(cfg.engine_args)
+    defaults: dict[str, Any] = {}
+    if "disable_log_stats" not in user:
+        defaults["disable_log_stats"] = False  # get_metrics() needs the stat loggers
+    if current_platform.is_cpu():
+        if "enforce_eager" not in user:
+            defaults["enforce_eager"] = True
+        if "max_model_len" not in user:
+            model_max = model_max_len(cfg.model)
+            defaults["max_model_len"] = min(CPU_MAX_MODEL_LEN, model_max or CPU_MAX_MODEL_LEN)
+        memory_keys = ("kv_cache_memory_bytes", "gpu_memory_utilization")
+        if not any(k in user for k in memory_keys) and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            defaults["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+    if "dtype" not in user:
+        dtype = cfg.dtype
+        if dtype == "auto" and current_platform.is_cpu():
+            dtype = "float32"  # bf16 measured slower on the dev CPU (tiny models)
+        if dtype != cfg.dtype:
+            defaults["dtype"] = dtype
+        user.setdefault("dtype", dtype)
+    user.setdefault("seed", cfg.seed)
+    kwargs = {
+        "model": cfg.model,
+        "tokenizer": cfg.tokenizer,
+        "speculative_config": None if cfg.spec_config is None else dict(cfg.spec_config),
+        **defaults,
+        **user,
+    }
+    return kwargs, defaults
+
+
+def looks_like_path(s: str) -> bool:
+    return s.startswith(("/", "./", "../", "~")) or os.path.exists(s)
+
+
+def model_max_len(model: str) -> int | None:
+    """``max_position_embeddings`` from a local model's config.json, if readable."""
+    try:
+        cfg = json.loads((Path(model).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for c in (cfg, cfg.get("text_config") or {}):
+        if isinstance(c.get("max_position_embeddings"), int):
+            return c["max_position_embeddings"]
+    return None
+
+
+def _safe_vars(obj: Any) -> Mapping[str, Any]:
+    """``vars`` that yields {} when ``__dict__`` is not a mapping (llvmlite's ``ffi.lib``)."""
+    try:
+        d = vars(obj)
+    except TypeError:
+        return {}
+    return d if isinstance(d, Mapping) else {}
+
+
+def patch_kernel_rebinding() -> str | None:
+    """Work around a vLLM 0.32 CPU start-up crash once numba/llvmlite is imported.
+
+    ``triton_utils.dispatcher._rebind_kernels`` scans every module and calls
+    ``vars(value).get(...)``; ``vars(llvmlite.binding.ffi.lib)`` is not a dict, so every engine
+    started after an ngram engine (whose proposer imports numba) fails. Shadowing ``vars`` in
+    that module with a safe version fixes it without changing what the scan rebinds.
+    """
+    try:
+        from vllm.triton_utils import dispatcher
+    except ImportError:
+        return None
+    if not hasattr(dispatcher, "_rebind_kernels"):
+        return None
+    dispatcher.vars = _safe_vars  # type: ignore[attr-defined]
+    return "triton_utils.dispatcher.vars -> safe vars (llvmlite ffi.lib crash)"
+
+
+def free_dist_state() -> None:
+    """Release what a half-built engine left (vLLM's distributed groups, garbage)."""
+    try:
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()
+    except Exception:  # noqa: BLE001 - best effort after a failed start
+        gc.collect()
