@@ -214,7 +214,7 @@ async def _timing_error(
             f"the same runs. {c} streams x {1e3 / ITL_MS:.0f} events/s share 2 cores with the "
             "stub's process: a read then waits for the OS to run the client, whichever client "
             "it is. Each stream stamps its read before any parsing and yields so the other "
-            "ready streams stamp theirs first (engines/openai.py, `sse_events`); a client on its "
+            "ready streams stamp theirs first (`sse_events` in engines/sse.py); a client on its "
             "own cores would remove the rest."
         )
     return rows, notes
