@@ -101,6 +101,7 @@ async def _measure(row: Row, pairs: int, tokens: int) -> list[Measured]:
         cells = [label, f"{row.n_req} x {tokens}", med(xs), med(rates[j]), spread(rs)]
         cells += [f"{sum(r >= 1 for r in rs)}/{len(rs)}", med(loop_cpu), f"{same}/{row.n_req}"]
         facts = {"label": label, "ratio": m, "cpu_us": med(loop_cpu), "tps": med(xs)}
+        facts["n_req"] = row.n_req
         # this raw side against the first one, pair by pair (both in the same rounds)
         facts["raw_vs_first"] = med(ratios(rates[j], rates[1])) if j > 1 else None
         facts["raw_tps"] = med(rates[j])
@@ -158,10 +159,13 @@ def why(facts: list[dict[str, Any]]) -> list[str]:
                 line += f" The remaining {rest:.1%} is not attributed by this run ({where})."
             scaled = by.get(SCALED_LABEL)
             if scaled and scaled["ratio"] and scaled["raw_tps"] and f["raw_tps"]:
-                step, big = 32e3 / f["raw_tps"], 32e3 / scaled["raw_tps"]
+                # one token per request per step: step time = requests / tok/s
+                step = f["n_req"] * 1e3 / f["raw_tps"]
+                big = scaled["n_req"] * 1e3 / scaled["raw_tps"]
                 big_share = (scaled["cpu_us"] or 0) * (scaled["tps"] or 0) / 1e6
                 line += (
-                    f" On a random-weight 8x512 Llama ({big:.0f} ms per step of 32 requests, "
+                    f" On a random-weight 8x512 Llama ({big:.0f} ms per step of "
+                    f"{scaled['n_req']} requests, "
                     f"against {step:.0f} ms) the ratio is {scaled['ratio']:.3f}, with the event "
                     f"loop at {big_share:.1%} of wall time."
                 )
@@ -174,6 +178,17 @@ def why(facts: list[dict[str, Any]]) -> list[str]:
             "'pairs harness >= raw' column counts the pairs the harness won."
         )
     return ["\n".join(out)] if out else []
+
+
+def _vllm_batch(engine: Any, reqs: list[Any], params: Any, *, streamed: bool) -> Side:
+    """The raw vLLM side: all requests in one ``generate_batch`` call, timed around it."""
+
+    async def go() -> tuple[float, list[list[int]]]:
+        t0 = now()
+        ids = await engine.generate_batch(reqs, params, streamed=streamed)
+        return now() - t0, ids
+
+    return go
 
 
 SCALED = {"num_hidden_layers": 8, "hidden_size": 512, "intermediate_size": 1408}
@@ -192,12 +207,8 @@ async def _vllm_scaled(model: str, quick: bool, pairs: int, tokens: int) -> list
     try:
         reqs = requests(prompts(32, tag="tp"))
 
-        async def raw() -> tuple[float, list[list[int]]]:
-            t0 = now()
-            ids = await engine.generate_batch(reqs, params)
-            return now() - t0, ids
-
         tp = _harness_side(engine, reqs, params, Concurrent(len(reqs)))
+        raw = _vllm_batch(engine, reqs, params, streamed=False)
         row = Row(SCALED_LABEL, tp, [("llm.generate", raw)], len(reqs), headline=False)
         return await _measure(row, pairs, tokens)
     finally:
@@ -214,15 +225,6 @@ async def _vllm(model: str, quick: bool, pairs: int, tokens: int) -> list[Measur
     params = GenParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=True)
     try:
         reqs = requests(prompts(8 if quick else 32, tag="tp"))
-
-        def batch(rs: list[Any], streamed: bool) -> Side:
-            async def go() -> tuple[float, list[list[int]]]:
-                t0 = now()
-                ids = await engine.generate_batch(rs, params, streamed=streamed)
-                return now() - t0, ids
-
-            return go
-
         one = requests(prompts(2 if quick else 4, tag="lat"))
 
         async def raw_loop() -> tuple[float, list[list[int]]]:
@@ -232,7 +234,10 @@ async def _vllm(model: str, quick: bool, pairs: int, tokens: int) -> list[Measur
 
         tp = _harness_side(engine, reqs, params, Concurrent(len(reqs)))
         lat = _harness_side(engine, one, params, Synchronous())
-        raws = [("llm.generate", batch(reqs, False)), ("raw streamed", batch(reqs, True))]
+        raws = [
+            ("llm.generate", _vllm_batch(engine, reqs, params, streamed=False)),
+            ("raw streamed", _vllm_batch(engine, reqs, params, streamed=True)),
+        ]
         rows = [
             Row("vllm throughput", tp, raws, len(reqs)),
             Row("vllm latency", lat, [("llm.generate loop", raw_loop)], len(one)),

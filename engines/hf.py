@@ -63,9 +63,8 @@ class _QueueStreamer:
         self._sent_at: float | None = None
 
     def push(self, kind: str, value: Any = None) -> None:
-        if kind != _TOKENS and self._pending:
-            batch, self._pending = self._pending, []
-            self.push(_TOKENS, batch)
+        if kind != _TOKENS:
+            self._flush()  # tokens before the end or the error
         with contextlib.suppress(RuntimeError):  # the consumer's loop is gone: nobody listens
             self._loop.call_soon_threadsafe(self._queue.put_nowait, (kind, value))
 
@@ -80,6 +79,10 @@ class _QueueStreamer:
         self._pending.append((ids[0] if value.dim() == 2 else ids, t))
         if t is None or self._sent_at is None or t - self._sent_at >= DELIVERY_S:
             self._sent_at = t
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
             batch, self._pending = self._pending, []
             self.push(_TOKENS, batch)
 

@@ -41,7 +41,7 @@ def test_ratio_headline_band_and_empty() -> None:
 
 
 def _fact(label: str, ratio: float, **kw: float | None) -> dict:
-    base = {"cpu_us": 10.0, "tps": 2000.0, "raw_vs_first": None, "raw_tps": 2100.0}
+    base = {"cpu_us": 10.0, "tps": 2000.0, "raw_vs_first": None, "raw_tps": 2100.0, "n_req": 32}
     base["ci"] = (ratio - 0.05, ratio + 0.05)
     return {"label": label, "ratio": ratio, **base, **kw}
 
