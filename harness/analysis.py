@@ -2,39 +2,39 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from harness.records import RequestRecord
 from harness.results import Run
-from harness.stats import Ratio, median_speedup, paired_ratio, throughput_speedup
+from harness.stats import (
+    MIN_REPEATS,
+    Comparison,
+    compare_log_ratios,
+    half_width,
+    t975,
+)
 
-# metric name -> (what each prompt contributes, the paired statistic)
-PromptValue = Callable[[list[RequestRecord]], list[float] | None]
-
-
-def _tok_time(rs: list[RequestRecord]) -> list[float] | None:
-    return [float(sum(r.output_tokens for r in rs)), float(sum(r.e2e for r in rs))]
-
-
-def _median_of(attr: str) -> PromptValue:
-    def value(rs: list[RequestRecord]) -> list[float] | None:
-        xs = [getattr(r, attr) for r in rs]
-        xs = [x for x in xs if x is not None]
-        return [float(np.median(xs))] if xs else None
-
-    return value
-
-
-PROMPT_METRICS: dict[str, tuple[PromptValue, Callable[[np.ndarray, np.ndarray], float]]] = {
-    "output_tok_s": (_tok_time, throughput_speedup),
-    "tpot": (_median_of("tpot"), median_speedup),
-    "ttft": (_median_of("ttft"), median_speedup),
-    "e2e": (_median_of("e2e"), median_speedup),
+# Per-request metrics: lower is better, so a speedup is baseline / candidate.
+LATENCIES: dict[str, Callable[[RequestRecord], float | None]] = {
+    "tpot": lambda r: r.tpot,
+    "ttft": lambda r: r.ttft,
+    "e2e": lambda r: r.e2e,
 }
+METRICS = ("output_tok_s", *LATENCIES)
+
+
+def deciding_metric(mode: str, load: Mapping[str, Any]) -> str:
+    """The metric whose verdict is the point's verdict: tokens/s where the load is a closed loop
+    (the harness keeps N in flight, so throughput is what it measures); E2E per request at an
+    offered request rate, where tokens/s only echoes the arrival schedule."""
+    return (
+        "e2e" if mode == "throughput" and load.get("request_rate") is not None else "output_tok_s"
+    )
 
 
 def group_runs(runs: Sequence[Run]) -> dict[tuple[Any, ...], list[Run]]:
@@ -46,52 +46,75 @@ def group_runs(runs: Sequence[Run]) -> dict[tuple[Any, ...], list[Run]]:
     return groups
 
 
-def _by_prompt(runs: list[Run]) -> dict[str, list[RequestRecord]]:
-    out: dict[str, list[RequestRecord]] = defaultdict(list)
-    for run in runs:
-        for r in run.counted:
-            out[r.request_id].append(r)
-    return out
+def _by_repeat(runs: list[Run]) -> dict[int, Run]:
+    return {run.cell.repeat: run for run in runs}
+
+
+def _tok_s(base: Run, cand: Run) -> float:
+    """Log speedup of output tokens/s in one round. Throughput mode: tokens over the run's wall
+    time (a property of the whole run). Latency mode (one at a time): summed tokens over summed
+    E2E of the prompts that finished in both runs."""
+    if base.cell.mode == "throughput":
+        b, c = _run_tok_s(base), _run_tok_s(cand)
+    else:
+        bp = {r.request_id: r for r in base.counted}
+        cp = {r.request_id: r for r in cand.counted}
+        ids = sorted(set(bp) & set(cp))
+        b = _sum_tok_s([bp[i] for i in ids])
+        c = _sum_tok_s([cp[i] for i in ids])
+    return math.log(c / b) if b > 0 and c > 0 else math.nan
+
+
+def _sum_tok_s(rs: list[RequestRecord]) -> float:
+    secs = sum(r.e2e for r in rs)
+    return sum(r.output_tokens for r in rs) / secs if secs > 0 else math.nan
+
+
+def _run_tok_s(run: Run) -> float:
+    rs = run.counted
+    if not rs:
+        return math.nan
+    span = max(r.t_end for r in rs) - min(r.t_send for r in rs)
+    return sum(r.output_tokens for r in rs) / span if span > 0 else math.nan
+
+
+def _latency(name: str) -> Callable[[Run, Run], float]:
+    """Log speedup of one latency in one round: the mean over prompts of log(base / cand)."""
+    value = LATENCIES[name]
+
+    def log_speedup(base: Run, cand: Run) -> float:
+        bp = {r.request_id: value(r) for r in base.counted}
+        cp = {r.request_id: value(r) for r in cand.counted}
+        logs = [
+            math.log(bp[i] / cp[i])
+            for i in bp.keys() & cp.keys()
+            if bp[i] is not None and cp[i] is not None and bp[i] > 0 and cp[i] > 0
+        ]
+        return float(np.mean(logs)) if logs else math.nan
+
+    return log_speedup
+
+
+ROUND_LOG_SPEEDUP: dict[str, Callable[[Run, Run], float]] = {
+    "output_tok_s": _tok_s,
+    **{name: _latency(name) for name in LATENCIES},
+}
+
+
+def log_speedups(base: list[Run], cand: list[Run], metric: str) -> list[float]:
+    """One log speedup (>0 = candidate better) per repeat that both sides ran, in repeat order."""
+    b, c = _by_repeat(base), _by_repeat(cand)
+    return [ROUND_LOG_SPEEDUP[metric](b[i], c[i]) for i in sorted(b.keys() & c.keys())]
 
 
 def compare_groups(
     base: list[Run], cand: list[Run], *, min_effect: float, seed: int = 0
-) -> dict[str, Ratio]:
-    """Speedups of ``cand`` over ``base`` (>1 = candidate better), paired by prompt.
-
-    Throughput-mode tokens/s is a property of the whole run, so there it is paired by repeat.
-    """
-    out: dict[str, Ratio] = {}
-    if base[0].cell.mode == "throughput":
-        b = {r.cell.repeat: r for r in base}
-        c = {r.cell.repeat: r for r in cand}
-        reps = sorted(set(b) & set(c))
-        rows_b = np.array([_run_tok_time(b[i]) for i in reps], dtype=float).reshape(-1, 2)
-        rows_c = np.array([_run_tok_time(c[i]) for i in reps], dtype=float).reshape(-1, 2)
-        ok = np.isfinite(rows_b).all(axis=1) & np.isfinite(rows_c).all(axis=1)
-        out["output_tok_s"] = paired_ratio(
-            rows_b[ok], rows_c[ok], throughput_speedup, min_effect=min_effect, seed=seed
-        )
-    bp, cp = _by_prompt(base), _by_prompt(cand)
-    ids = sorted(set(bp) & set(cp))
-    for name, (value, stat) in PROMPT_METRICS.items():
-        if name in out:
-            continue
-        pairs = [(value(bp[i]), value(cp[i])) for i in ids]
-        pairs = [(x, y) for x, y in pairs if x is not None and y is not None]
-        rows_b = np.array([x for x, _ in pairs], dtype=float)
-        rows_c = np.array([y for _, y in pairs], dtype=float)
-        out[name] = paired_ratio(rows_b, rows_c, stat, min_effect=min_effect, seed=seed)
-    return out
-
-
-def _run_tok_time(run: Run) -> list[float]:
-    rs = run.counted
-    if not rs:
-        return [float("nan"), float("nan")]
-    start = min(r.t_send for r in rs)
-    end = max(r.t_end for r in rs)
-    return [float(sum(r.output_tokens for r in rs)), end - start]
+) -> dict[str, Comparison]:
+    """Speedups of ``cand`` over ``base`` (>1 = candidate better) for every metric, paired by
+    repeat (see harness/stats.py for why the repeat is the unit). ``seed`` is unused (the
+    t-interval draws nothing) and kept for callers."""
+    del seed
+    return {m: compare_log_ratios(m, log_speedups(base, cand, m), min_effect) for m in METRICS}
 
 
 def lossless(base: list[Run], cand: list[Run]) -> dict[str, Any]:
@@ -122,7 +145,25 @@ def lossless(base: list[Run], cand: list[Run]) -> dict[str, Any]:
 
 
 def comparisons(runs: Sequence[Run], *, min_effect: float = 0.02, seed: int = 0) -> list[dict]:
-    """Spec vs baseline of the same engine, and each engine vs the first engine (same label)."""
+    """Spec vs baseline of the same engine, and each engine vs the first engine (same label).
+
+    One dict per (pair, point, metric), the shape every reader uses::
+
+        baseline, candidate   "engine/label"
+        mode, load, max_new_tokens, workload   the plan point
+        metric       "output_tok_s" | "tpot" | "ttft" | "e2e"
+        estimate     speedup, >1 = candidate better (tok/s: cand/base; latencies: base/cand),
+                     exp(mean of per-repeat log speedups); None when nothing paired
+        lo, hi       95% CI of the speedup; None when n < MIN_REPEATS (harness.stats)
+        n            repeats paired (the unit), i.e. how many repeats this point used
+        method       how the CI was made ("t on per-repeat log ratios")
+        verdict      "faster" | "slower" | "within +-2%" (significant, below --min-effect) |
+                     "no significant difference" | "n/a (n too small)" | "n/a"
+        decides      True on the metric that decides this pair at this point: output_tok_s
+                     in closed loop, e2e at a --request-rate (see deciding_metric)
+        lossless     the lossless check, on the deciding comparison only (else None)
+    """
+    del seed
     groups = group_runs(runs)
     engines = list(dict.fromkeys(r.cell.engine for r in runs))
     out: list[dict[str, Any]] = []
@@ -132,21 +173,41 @@ def comparisons(runs: Sequence[Run], *, min_effect: float = 0.02, seed: int = 0)
             pairs.append(((engine, "baseline"), groups[(engine, "baseline", *point)]))
         if engine != engines[0] and (engines[0], label, *point) in groups:
             pairs.append(((engines[0], label), groups[(engines[0], label, *point)]))
+        cell = cand[0].cell
+        decides = deciding_metric(cell.mode, cell.load)
         for (b_engine, b_label), base in pairs:
-            ratios = compare_groups(base, cand, min_effect=min_effect, seed=seed)
+            ratios = compare_groups(base, cand, min_effect=min_effect)
             check = lossless(base, cand)
-            for metric, ratio in ratios.items():
+            for metric, comp in ratios.items():
                 out.append(
                     {
                         "baseline": f"{b_engine}/{b_label}",
                         "candidate": f"{engine}/{label}",
-                        "mode": cand[0].cell.mode,
-                        "load": dict(cand[0].cell.load),
-                        "max_new_tokens": cand[0].cell.max_new_tokens,
-                        "workload": cand[0].cell.workload,
-                        "metric": metric,
-                        **ratio.to_json(),
-                        "lossless": check if metric == "output_tok_s" else None,
+                        "mode": cell.mode,
+                        "load": dict(cell.load),
+                        "max_new_tokens": cell.max_new_tokens,
+                        "workload": cell.workload,
+                        **comp.to_json(),
+                        "decides": metric == decides,
+                        "lossless": check if metric == decides else None,
                     }
                 )
     return out
+
+
+def precise_enough(runs: Sequence[Run], target: float, min_effect: float = 0.02) -> bool:
+    """--target-ci: whether the runs of one plan point so far pin every deciding comparison
+    (candidate vs baseline) to a valid 95% CI of half-width <= ``target`` (log scale, ~ +-x).
+    With nothing to compare (one lane), the lane's own tokens/s: a t-interval of its mean log."""
+    comps = [c for c in comparisons(runs, min_effect=min_effect) if c["decides"]]
+    if comps:
+        widths = [half_width(c) for c in comps]
+        return all(w is not None and w <= target for w in widths)
+    for lane in group_runs(runs).values():
+        logs = [math.log(x) for x in (_run_tok_s(r) for r in lane) if x > 0]
+        if len(logs) < MIN_REPEATS:
+            return False
+        h = t975(len(logs) - 1) * float(np.std(logs, ddof=1)) / math.sqrt(len(logs))
+        if h > target:
+            return False
+    return True

@@ -10,12 +10,12 @@ from harness.records import RequestRecord
 
 
 def fmt_ratio(c: Mapping[str, Any] | None) -> str:
-    """A speedup with its CI ("1.23x [1.10, 1.37]"), or "n/a"."""
-    if not c or c.get("ratio") is None:
+    """A stored speedup with its CI and n ("1.23x [1.10, 1.37] n=5"), or "n/a"."""
+    if not c or c.get("estimate") is None:
         return "n/a"
-    if c.get("ci_low") is None:
-        return f"{c['ratio']:.2f}x (no CI)"
-    return f"{c['ratio']:.2f}x [{c['ci_low']:.2f}, {c['ci_high']:.2f}]"
+    if c.get("lo") is None:
+        return f"{c['estimate']:.2f}x (no CI, n={c['n']})"
+    return f"{c['estimate']:.2f}x [{c['lo']:.2f}, {c['hi']:.2f}] n={c['n']}"
 
 
 # ---- output sanity ---------------------------------------------------------------------------
@@ -109,7 +109,7 @@ def crossover_lines(comparisons: Sequence[Mapping[str, Any]]) -> list[str]:
     series: dict[tuple[str, int, bool], list[tuple[float, Mapping[str, Any]]]] = {}
     for c in comparisons:
         same_engine = c["baseline"].split("/")[0] == c["candidate"].split("/")[0]
-        if c["metric"] != "output_tok_s" or not same_engine or c["ratio"] is None:
+        if not c["decides"] or not same_engine or c["estimate"] is None:
             continue
         x = _x(c)
         if x is None:

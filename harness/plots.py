@@ -49,7 +49,7 @@ def draw(results: Mapping[str, Any], out: Path) -> str:
         c
         for c in results.get("comparisons", [])
         if c["metric"] == "output_tok_s"
-        and c["ratio"] is not None
+        and c["estimate"] is not None
         and c["baseline"].split("/")[0] == c["candidate"].split("/")[0]
     ]
     series: dict[str, list[tuple[float, Mapping[str, Any]]]] = {}
@@ -67,9 +67,9 @@ def draw(results: Mapping[str, Any], out: Path) -> str:
         for name, pts in series.items():
             pts.sort(key=lambda p: p[0])
             xs = [p[0] for p in pts]
-            ax.plot(xs, [p[1]["ratio"] for p in pts], marker="o", label=name)
-            lo = [p[1]["ci_low"] if p[1]["ci_low"] is not None else p[1]["ratio"] for p in pts]
-            hi = [p[1]["ci_high"] if p[1]["ci_high"] is not None else p[1]["ratio"] for p in pts]
+            ax.plot(xs, [p[1]["estimate"] for p in pts], marker="o", label=name)
+            lo = [p[1]["lo"] if p[1]["lo"] is not None else p[1]["estimate"] for p in pts]
+            hi = [p[1]["hi"] if p[1]["hi"] is not None else p[1]["estimate"] for p in pts]
             ax.fill_between(xs, lo, hi, alpha=0.2)
         ax.axhline(1.0, color="grey", lw=1, ls="--")
         ax.set_xscale("log", base=2)

@@ -10,7 +10,7 @@ from tabulate import tabulate
 from harness.analysis import group_runs
 from harness.insight import crossover_lines, fmt_ratio, sanity, theory
 from harness.results import Run
-from harness.stats import instability, summarize
+from harness.stats import instability, median, summarize
 
 
 def fmt(x: Any, scale: float = 1.0, digits: int = 1) -> str:
@@ -27,7 +27,7 @@ def _pooled(runs: list[Run]) -> dict[str, Any]:
     per_rep = [summarize(run.records).get("output_tok_s") for run in runs]
     per_rep = [x for x in per_rep if x is not None]
     s["output_tok_s_runs"] = per_rep
-    s["output_tok_s"] = sorted(per_rep)[len(per_rep) // 2] if per_rep else None
+    s["output_tok_s"] = median(per_rep)
     s["instability"] = instability(per_rep)
     return s
 
@@ -95,7 +95,7 @@ def render(results: Mapping[str, Any]) -> str:
             rs = groups[(engine, label, *point)]
             s = _pooled(rs)
             sp = _spec(rs)
-            comp = _find(comps, f"{engine}/{label}", mode, dict(load), mnt, "output_tok_s")
+            comp = _find(comps, f"{engine}/{label}", mode, dict(load), mnt, None)
             base_name = comp["baseline"] if comp else None
             unstable = s.get("instability")
             rows.append(
@@ -112,7 +112,12 @@ def render(results: Mapping[str, Any]) -> str:
                     fmt(sp and sp["acceptance_rate"], 1, 2),
                     fmt(sp and sp["alpha"], 1, 2),
                     fmt(sp and sp["mean_acceptance_length"], 1, 2),
-                    (f"{fmt_ratio(comp)} vs {base_name.split('/')[-1]}" if comp else "n/a"),
+                    (
+                        f"{_METRIC_TAG[comp['metric']]}{fmt_ratio(comp)} vs "
+                        f"{base_name.split('/')[-1]}"
+                        if comp
+                        else "n/a"
+                    ),
                     comp.get("verdict", "n/a") if comp else "n/a",
                     _lossless(comp),
                     _sanity(rs),
@@ -130,7 +135,7 @@ def render(results: Mapping[str, Any]) -> str:
             "accept rate",
             "alpha",
             "mean acc len",
-            "speedup tok/s [95% CI]",
+            "speedup [95% CI] (tok/s; E2E at a request rate)",
             "verdict",
             "identical to baseline",
             "degenerate out",
@@ -173,7 +178,8 @@ def render(results: Mapping[str, Any]) -> str:
         "",
         "Times are medians over all counted requests of all repeats; out tok/s is the median "
         "over repeats of (output tokens / run wall time). Speedups are candidate over baseline "
-        "(>1 = faster) with a 95% paired bootstrap CI; acceptance rate = accepted / drafted "
+        "(>1 = faster) with a 95% t-interval over the n repeats paired (one log ratio per "
+        "repeat); acceptance rate = accepted / drafted "
         "tokens (vLLM's definition), alpha = acceptance at draft position 1, mean acc len = "
         "1 + accepted / drafts.",
         "",
@@ -252,6 +258,9 @@ def _theory_table(
     ]
 
 
+_METRIC_TAG = {"output_tok_s": "", "e2e": "E2E ", "tpot": "TPOT ", "ttft": "TTFT "}
+
+
 def _lossless(comp: Mapping[str, Any] | None) -> str:
     check = (comp or {}).get("lossless")
     if not check or check.get("share_identical") is None:
@@ -264,15 +273,20 @@ def _lossless(comp: Mapping[str, Any] | None) -> str:
 
 
 def _find(
-    comps: Sequence[Mapping[str, Any]], cand: str, mode: str, load: Mapping, mnt: int, metric: str
+    comps: Sequence[Mapping[str, Any]],
+    cand: str,
+    mode: str,
+    load: Mapping,
+    mnt: int,
+    metric: str | None,
 ) -> Mapping[str, Any] | None:
-    """The comparison of ``cand`` at this point: against its own engine's baseline first, else
-    against the first engine (engine vs engine)."""
+    """The comparison of ``cand`` at this point on ``metric`` (None: the deciding one): against
+    its own engine's baseline first, else against the first engine (engine vs engine)."""
     matches = [
         c
         for c in comps
-        if (c["candidate"], c["mode"], c["load"], c["max_new_tokens"], c["metric"])
-        == (cand, mode, load, mnt, metric)
+        if (c["candidate"], c["mode"], c["load"], c["max_new_tokens"]) == (cand, mode, load, mnt)
+        and (c["metric"] == metric if metric else c["decides"])
     ]
     same_engine = [c for c in matches if c["baseline"].split("/")[0] == cand.split("/")[0]]
     return (same_engine or matches or [None])[0]
@@ -287,6 +301,7 @@ def _comparison_table(comps: Sequence[Mapping[str, Any]]) -> list[str]:
             f"{c['mode']}, {_load_label(c['load'])}, {c['max_new_tokens']} tok",
             c["metric"],
             fmt_ratio(c),
+            c["method"],
             c["verdict"],
         ]
         for c in comps
@@ -297,7 +312,7 @@ def _comparison_table(comps: Sequence[Mapping[str, Any]]) -> list[str]:
         "",
         tabulate(
             rows,
-            headers=["pair", "cell", "metric", "speedup [95% CI]", "verdict"],
+            headers=["pair", "cell", "metric", "speedup [95% CI] n", "method", "verdict"],
             tablefmt="github",
         ),
     ]

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engines.base import Engine, EngineConfig, EngineError, GenParams, Request, UnsupportedError
+from harness.analysis import precise_enough
 from harness.plan import Point, RunPlan
 from harness.records import RequestRecord
 from harness.results import Cell, Journal, Run
 from harness.runner import Runner, error_line
-from harness.stats import ci_half_width, summarize
+from harness.stats import summarize
 
 
 @dataclass
@@ -133,8 +134,8 @@ class Session:
                 lane.info["step_costs"] = await asyncio.to_thread(costs)
 
     async def _repeat_point(self, lanes: list[Lane], p: Point) -> None:
-        """Repeats of one point: --repeats, then more (up to --max-repeats) until every lane's
-        CI half-width is under --target-ci."""
+        """Repeats of one point: --repeats, then more (up to --max-repeats) until the CI of every
+        deciding comparison at this point is under --target-ci (analysis.precise_enough)."""
         rates: dict[int, list[float]] = {id(lane): [] for lane in lanes}
         active = list(lanes)
         repeat = 0
@@ -155,9 +156,10 @@ class Session:
             if repeat >= self.plan.max_repeats:
                 break
             if repeat >= self.plan.repeats:
-                widths = [ci_half_width(rates[id(lane)]) for lane in active]
                 target = self.plan.target_ci
-                if target is None or all(w is not None and w <= target for w in widths):
+                group = self.plan.cell(lanes[0].config.engine, lanes[0].label, p, 0).group
+                here = [r for r in self.runs if r.cell.group == group]
+                if target is None or precise_enough(here, target):
                     break
 
     async def _run_point(self, lane: Lane, cell: Cell, p: Point, warmup: bool) -> Run:

@@ -1,4 +1,4 @@
-"""Statistics over records: distributions, run summaries, paired ratios with bootstrap CIs.
+"""Statistics over records: distributions, run summaries, paired speedups with t-intervals.
 
 Every metric has one definition here; markdown, plots and compare all call these.
 """
@@ -109,81 +109,124 @@ def _meets(r: RequestRecord, slo_ms: Mapping[str, float]) -> bool:
 
 
 # ---- paired comparisons --------------------------------------------------------------------
+#
+# The unit is the repeat: a repeat of the baseline and the same repeat of the candidate ran in the
+# same round, so one machine state (load, clock, caches) is shared by both, and the next round
+# draws a new one. Within a run every request shares that state, so requests (or prompts) are
+# not independent units: a CI over prompts misses the run-to-run noise (it printed
+# "0.77x [0.77, 0.77]" for throughput-mode TTFT, where 16 requests prefill in one step). Each
+# metric gives one log speedup per repeat; the estimate is exp(mean) and the CI a t-interval on
+# those n values (exact for normal log ratios; tests/test_calibration.py checks it on simulated
+# experiments). A percentile bootstrap over 3 repeats is [min, max] and covered 76%.
+
+MIN_REPEATS = 3  # a t-interval needs 2 df to be of any use; below: "n/a (n too small)"
+METHOD = "t on per-repeat log ratios"
+TOO_FEW = "n/a (n too small)"
+
+# Student t 97.5% quantiles for 1..30 degrees of freedom (no scipy in the project).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
+
+
+def t975(df: int) -> float:
+    """The two-sided 95% Student t quantile (Cornish-Fisher beyond the table: error < 1e-3)."""
+    if df < 1:
+        raise ValueError("df must be >= 1")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
 @dataclass(frozen=True)
-class Ratio:
-    """A speedup (>1 = the candidate is better) with its 95% bootstrap CI and a verdict."""
+class Comparison:
+    """A speedup of a candidate over a baseline (>1 = the candidate is better) on one metric.
 
-    ratio: float | None
-    ci_low: float | None
-    ci_high: float | None
-    verdict: str
+    ``estimate`` is exp(mean of the per-repeat log speedups), ``lo``/``hi`` its 95% CI (None
+    below MIN_REPEATS), ``n`` the repeats paired, ``method`` how the CI was made.
+    """
+
+    metric: str
+    estimate: float | None
+    lo: float | None
+    hi: float | None
     n: int
+    method: str
+    verdict: str
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "ratio": self.ratio,
-            "ci_low": self.ci_low,
-            "ci_high": self.ci_high,
-            "verdict": self.verdict,
+            "metric": self.metric,
+            "estimate": self.estimate,
+            "lo": self.lo,
+            "hi": self.hi,
             "n": self.n,
+            "method": self.method,
+            "verdict": self.verdict,
         }
 
 
-def verdict(ratio: float | None, lo: float | None, hi: float | None, min_effect: float) -> str:
-    """ "faster", "slower" or "no significant difference" (CI crosses 1 or effect too small)."""
-    if ratio is None:
+def log_ratio_ci(d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(estimate, lo, hi) as speedups from log speedups ``d[..., n]`` (vectorised over the
+    leading axes): exp(mean +- t(n-1) * sd / sqrt(n)). lo/hi are nan when n < MIN_REPEATS."""
+    d = np.asarray(d, dtype=float)
+    n = d.shape[-1]
+    m = d.mean(axis=-1)
+    if n < MIN_REPEATS:
+        nan = np.full_like(m, np.nan)
+        return np.exp(m), nan, nan
+    h = t975(n - 1) * d.std(axis=-1, ddof=1) / math.sqrt(n)
+    return np.exp(m), np.exp(m - h), np.exp(m + h)
+
+
+def verdicts(est: np.ndarray, lo: np.ndarray, hi: np.ndarray, min_effect: float) -> np.ndarray:
+    """Vectorised :func:`verdict` (nan bounds: n too small)."""
+    est, lo, hi = (np.asarray(x, dtype=float) for x in (est, lo, hi))
+    out = np.full(est.shape, "no significant difference", dtype=object)
+    out[(lo > 1.0) | (hi < 1.0)] = f"within +-{min_effect:.0%}"
+    out[(lo > 1.0) & (est >= 1.0 + min_effect)] = "faster"
+    out[(hi < 1.0) & (est <= 1.0 - min_effect)] = "slower"
+    out[np.isnan(lo) | np.isnan(hi)] = TOO_FEW
+    out[np.isnan(est)] = "n/a"
+    return out
+
+
+def verdict(est: float | None, lo: float | None, hi: float | None, min_effect: float) -> str:
+    """ "faster"/"slower" when the CI excludes 1 and the effect exceeds ``min_effect``;
+    "within +-2%" (the min effect) when the CI excludes 1 but the effect is smaller; else
+    "no significant difference". No CI: "n/a (n too small)"."""
+    if est is None:
         return "n/a"
-    if lo is None or hi is None:
-        return "n/a (no CI)"
-    if lo > 1.0 and ratio >= 1.0 + min_effect:
-        return "faster"
-    if hi < 1.0 and ratio <= 1.0 - min_effect:
-        return "slower"
-    return "no significant difference"
+    nan = float("nan")
+    v = verdicts(
+        np.array(est), np.array(nan if lo is None else lo), np.array(nan if hi is None else hi),
+        min_effect,
+    )  # fmt: skip
+    return str(v[()])
 
 
-# A paired metric: from the baseline's and the candidate's values on the same groups
-# (prompts, or repeats) to one speedup.
-Statistic = Callable[[np.ndarray, np.ndarray], float]
+def compare_log_ratios(metric: str, d: Sequence[float], min_effect: float) -> Comparison:
+    """The comparison from one log speedup per paired repeat (non-finite values dropped)."""
+    xs = np.array([x for x in d if x is not None and math.isfinite(x)], dtype=float)
+    if xs.size == 0:
+        return Comparison(metric, None, None, None, 0, METHOD, "n/a")
+    est, lo, hi = (float(x) for x in log_ratio_ci(xs))
+    if xs.size < MIN_REPEATS:
+        return Comparison(metric, est, None, None, int(xs.size), METHOD, TOO_FEW)
+    return Comparison(metric, est, lo, hi, int(xs.size), METHOD, verdict(est, lo, hi, min_effect))
 
 
-def paired_ratio(
-    base: np.ndarray,
-    cand: np.ndarray,
-    statistic: Statistic,
-    *,
-    min_effect: float = 0.02,
-    resamples: int = 2000,
-    seed: int = 0,
-) -> Ratio:
-    """Bootstrap the ``statistic`` over paired groups (rows of ``base``/``cand``)."""
-    n = len(base)
-    if n == 0:
-        return Ratio(None, None, None, "n/a", 0)
-    point = statistic(base, cand)
-    if n < 2 or not math.isfinite(point):
-        return Ratio(point if math.isfinite(point) else None, None, None, "n/a (no CI)", n)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(resamples, n))
-    boots = np.array([statistic(base[i], cand[i]) for i in idx])
-    boots = boots[np.isfinite(boots)]
-    lo, hi = (float(x) for x in np.percentile(boots, [2.5, 97.5]))
-    return Ratio(point, lo, hi, verdict(point, lo, hi, min_effect), n)
+def half_width(c: Mapping[str, Any]) -> float | None:
+    """A comparison's CI half-width on the log scale (0.05 ~ +-5%); None without a CI."""
+    if c.get("lo") is None or c.get("hi") is None:
+        return None
+    return (math.log(c["hi"]) - math.log(c["lo"])) / 2
 
 
-def throughput_speedup(base: np.ndarray, cand: np.ndarray) -> float:
-    """Rows are (output tokens, seconds): ratio of summed tokens/s, candidate over baseline."""
-    b = base[:, 0].sum() / base[:, 1].sum()
-    c = cand[:, 0].sum() / cand[:, 1].sum()
-    return float(c / b) if b > 0 else math.nan
-
-
-def median_speedup(base: np.ndarray, cand: np.ndarray) -> float:
-    """Rows are a latency: baseline median over candidate median (>1 = candidate faster)."""
-    c = float(np.median(cand[:, 0]))
-    return float(np.median(base[:, 0]) / c) if c > 0 else math.nan
+def median(values: Sequence[float]) -> float | None:
+    """The true median (the mean of the middle two for an even count); None when empty."""
+    return float(np.median(np.asarray(values, dtype=float))) if len(values) else None
 
 
 def instability(values: Sequence[float]) -> float | None:
@@ -192,14 +235,3 @@ def instability(values: Sequence[float]) -> float | None:
     if xs.size < 2 or np.median(xs) == 0:
         return None
     return float(xs.std(ddof=1) / np.median(xs))
-
-
-def ci_half_width(values: Sequence[float], resamples: int = 1000, seed: int = 0) -> float | None:
-    """Half-width of the 95% bootstrap CI of the mean, relative to the mean (0.05 = +-5%)."""
-    xs = np.array(values, dtype=float)
-    if xs.size < 2 or xs.mean() == 0:
-        return None
-    rng = np.random.default_rng(seed)
-    means = xs[rng.integers(0, xs.size, size=(resamples, xs.size))].mean(axis=1)
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return float((hi - lo) / 2 / xs.mean())

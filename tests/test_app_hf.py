@@ -101,7 +101,9 @@ def test_results_json_has_the_schema(hf_run):
     comps = [c for c in res["comparisons"] if c["metric"] == "output_tok_s"]
     assert {c["candidate"] for c in comps} == {"hf/draft_model", "hf/ngram"}
     for c in comps:
-        assert c["ci_low"] <= c["ratio"] <= c["ci_high"] and c["verdict"]
+        # 2 repeats: an estimate, but too few for a t-interval (tests/test_stats.py has CIs)
+        assert c["estimate"] > 0 and c["n"] == 2 and c["method"]
+        assert c["lo"] is None and c["verdict"] == "n/a (n too small)"
         assert c["lossless"]["compared"] == 4
 
 
