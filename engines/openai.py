@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import os
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
@@ -31,7 +32,7 @@ from engines.base import (
     GenParams,
     SpecCounters,
 )
-from engines.sse import RequestFailed, parse_event, sse_events
+from engines.sse import DONE, RequestFailed, StreamEnd, parse_event, sse_events
 from workloads.base import Request
 
 # option -> accepted types (None = may be left unset)
@@ -51,6 +52,8 @@ READ_BUFSIZE = 1 << 24  # 16 MiB; lines are split by hand anyway, so no line-len
 START_TIMEOUT = 30.0
 KEEPALIVE_S = 4.0  # below uvicorn's 5 s, so a pooled connection is never one the server closed
 
+log = logging.getLogger(__name__)
+
 
 def split_base_url(url: str) -> tuple[str, str]:
     """``http://h:p/v1`` or ``http://h:p`` -> (root ``http://h:p``, api ``http://h:p/v1``)."""
@@ -65,6 +68,19 @@ def _check_url(url: Any) -> None:
     u = urlparse(url)
     if u.scheme not in ("http", "https") or not u.netloc:
         raise EngineError(f"base_urls: {url!r} is not an http(s) URL")
+
+
+def _load_tokenizer(name: str | None) -> Any:
+    """A local ``tokenizer.json`` through the light ``tokenizers`` library, else None. Used only
+    to count output tokens when a server sends neither usage nor token ids."""
+    path = Path(name or "") / "tokenizer.json"
+    if not name or not path.is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        return None
+    return Tokenizer.from_file(str(path))
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -96,6 +112,9 @@ class OpenAIEngine:
         self._rr = itertools.count()
         self._spec: SpecCounters | None = None
         self._owned_by_vllm = False
+        self.warnings: list[str] = []
+        self._tokenizer: Any = None
+        self._tokenizer_path: str | None = None
 
     # ---- protocol --------------------------------------------------------------------------
     @classmethod
@@ -130,28 +149,53 @@ class OpenAIEngine:
             connector=connector, read_bufsize=READ_BUFSIZE, headers=self._headers()
         )
         try:
-            models = [await self._models(url) for url in self.base_urls]
+            await self._pick_model()
         except BaseException:
             await self.close()
             raise
-        served = models[0]
+        self.server_version = await self._version(self.base_urls[0])
+        if self.vllm_extras is None:
+            self.vllm_extras = self.server_version is not None or self._owned_by_vllm
+        name = self.config.tokenizer or self.config.model
+        self._tokenizer = _load_tokenizer(name)
+        self._tokenizer_path = name if self._tokenizer is not None else None
+
+    async def _pick_model(self) -> None:
+        """The model to request. ``/v1/models`` is a convenience: with ``served_model`` set, a
+        listing that fails, is empty or lacks the name is a warning (transformers serve answers
+        500 when its cache directory is missing; hosted APIs hide aliases)."""
+        served: list[str] | None = None
+        for url in self.base_urls:
+            try:
+                listed = await self._models(url)
+            except EngineError as e:
+                if self.served_model is None:
+                    raise EngineError(
+                        f"{e}; pass --served-model NAME to skip the listing"
+                    ) from None
+                self._warn(f"{e}; requesting --served-model {self.served_model!r}")
+                continue
+            served = listed if served is None else served
         if self.served_model is None:
+            assert served is not None
             if self.config.model in served:
                 self.served_model = self.config.model
             elif served:
                 self.served_model = served[0]
             else:
-                await self.close()
-                raise EngineError(f"openai: {self.base_urls[0]}/models lists no model")
-        elif served and self.served_model not in served:
-            await self.close()
-            raise EngineError(
-                f"openai: model {self.served_model!r} not served by {self.base_urls[0]} "
-                f"(serves: {', '.join(served[:5])})"
+                raise EngineError(
+                    f"openai: {self.base_urls[0]}/models lists no model; pass --served-model NAME"
+                )
+        elif served is not None and self.served_model not in served:
+            listed = ", ".join(served[:5]) or "nothing"
+            self._warn(
+                f"openai: {self.base_urls[0]}/models does not list {self.served_model!r} "
+                f"(lists: {listed}); requesting it anyway"
             )
-        self.server_version = await self._version(self.base_urls[0])
-        if self.vllm_extras is None:
-            self.vllm_extras = self.server_version is not None or self._owned_by_vllm
+
+    def _warn(self, msg: str) -> None:
+        self.warnings.append(msg)
+        log.warning("warning: %s", msg)
 
     def describe(self) -> Mapping[str, Any]:
         return {
@@ -165,6 +209,8 @@ class OpenAIEngine:
             "api_key_env": self.config.options.get("api_key_env", "OPENAI_API_KEY"),
             "api_key_set": self._api_key is not None,
             "extra_body": dict(self.extra_body),
+            "tokenizer_for_counts": self._tokenizer_path,  # when a server sends no usage
+            "warnings": list(self.warnings),
         }
 
     async def stream(
@@ -177,7 +223,8 @@ class OpenAIEngine:
         path, payload = self._payload(request, params)
         chat = path == ENDPOINTS["chat"]
         first = True
-        done = False
+        end = StreamEnd()
+        ids_known, usage_out, text = True, False, []
         timeout = aiohttp.ClientTimeout(total=self.request_timeout)
         try:
             async with self._session.post(
@@ -187,15 +234,21 @@ class OpenAIEngine:
                     body = await resp.text(errors="replace")
                     raise RequestFailed("http", _one_line(body) or resp.reason or "", resp.status)
                 async for data, t in sse_events(resp, clock):
-                    if data.strip() == "[DONE]":
-                        done = True
+                    if data.strip() == DONE:
+                        end.done = True
                         break
                     try:
                         obj = json.loads(data)
                     except ValueError as e:
                         raise RequestFailed("bad sse", f"{e}: {_one_line(data, 80)}") from None
-                    for chunk in parse_event(obj, chat, t):
-                        if first:
+                    chunks = parse_event(obj, chat, t)
+                    end.see(chunks)
+                    for chunk in chunks:
+                        if chunk.size:
+                            ids_known = ids_known and len(chunk.token_ids) == chunk.size
+                            text.append(chunk.text)
+                        usage_out = usage_out or chunk.usage_output_tokens is not None
+                        if first and chunk.size:
                             chunk = replace(chunk, info={"replica": url})
                             first = False
                         yield chunk
@@ -216,8 +269,20 @@ class OpenAIEngine:
             raise RequestFailed("client error", f"{url}: {e!r}") from None
         except UnicodeDecodeError as e:
             raise RequestFailed("bad sse", str(e)) from None
-        if not done:
-            raise RequestFailed("incomplete stream", "no [DONE]")
+        info: dict[str, Any] = {"stream_end": end.close()}
+        counted = None
+        if usage_out:
+            info["output_tokens_from"] = "server usage"
+        elif ids_known:
+            info["output_tokens_from"] = "token ids"
+        elif self._tokenizer is not None:
+            counted = len(self._tokenizer.encode("".join(text), add_special_tokens=False).ids)
+            info["output_tokens_from"] = "tokenizer (the server sent no usage)"
+        else:
+            info["output_tokens_from"] = "text events (no usage, no tokenizer)"
+        if first:  # no token-carrying chunk: the replica goes with the last one
+            info["replica"] = url
+        yield Chunk(num_tokens=0, usage_output_tokens=counted, info=info)
 
     async def close(self) -> None:
         if self._session is not None:

@@ -1,13 +1,17 @@
 """The OpenAI streaming wire format: server-sent events in, :class:`~engines.base.Chunk` out.
 
 Lines are split by hand over aiohttp's ``iter_any`` (no line-length limit); each event's ``data``
-is decoded by the engine and turned into chunks by :func:`parse_event`.
+is decoded by the engine and turned into chunks by :func:`parse_event`; :class:`StreamEnd` says
+whether the stream was complete. Servers differ here: vLLM, SGLang and llama.cpp end with
+``data: [DONE]``; transformers serve ends with a chunk carrying ``finish_reason`` and ``usage``
+and closes the body. Both are complete; a body that ends before either was cut.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -116,3 +120,34 @@ def parse_event(obj: Any, chat: bool, t: float | None = None) -> list[Chunk]:
             )
         )
     return out
+
+
+DONE = "[DONE]"
+FINISH_CLOSE = "finish_reason, close"  # a chunk with finish_reason, then a clean end of the body
+
+
+@dataclass
+class StreamEnd:
+    """What a stream has said about its end so far; :meth:`close` names the ending."""
+
+    done: bool = False
+    finish_reason: str | None = None
+    usage: bool = False
+
+    def see(self, chunks: Iterable[Chunk]) -> None:
+        for c in chunks:
+            if c.finish_reason:
+                self.finish_reason = c.finish_reason
+            if c.usage_output_tokens is not None or c.prompt_tokens is not None:
+                self.usage = True
+
+    def close(self) -> str:
+        """The ending once the body ended cleanly: :data:`DONE` or :data:`FINISH_CLOSE`.
+
+        Raises ``incomplete stream`` when neither came: the server stopped mid-answer.
+        """
+        if self.done:
+            return DONE
+        if self.finish_reason is not None:
+            return FINISH_CLOSE
+        raise RequestFailed("incomplete stream", "body ended before [DONE] or a finish_reason")

@@ -35,6 +35,12 @@ class Behaviour:
     connection, ``stall`` goes silent for ``stall_s``, ``bad_json`` sends an unparsable event,
     ``no_done`` ends the stream cleanly without ``[DONE]``, ``error_event`` sends vLLM's
     in-stream error object then ``[DONE]``. ``status`` answers an HTTP error instead.
+
+    Other servers' shapes: ``preamble`` sends a role-only delta (chat) or an empty text (completions)
+    at once, before the first token; ``finish_apart`` puts ``finish_reason`` in an empty chunk of
+    its own after the tokens; ``usage_in_last`` attaches usage to the last chunk instead of a
+    separate one; ``done=False`` ends the body without ``[DONE]`` (transformers serve:
+    ``preamble, finish_apart, usage_in_last, done=False``).
     """
 
     tokens: int = 8
@@ -51,6 +57,10 @@ class Behaviour:
     fault: str | None = None
     fault_after: int = 0
     stall_s: float = 3600.0
+    preamble: bool = False
+    finish_apart: bool = False
+    usage_in_last: bool = False
+    done: bool = True
 
     def __post_init__(self) -> None:
         if self.fault not in (None, *FAULTS):
@@ -114,6 +124,8 @@ class FakeServer:
     vllm: bool = True  # serve /version and say ``owned_by: vllm`` (so vLLM extras are sent)
     metrics: str | Callable[[], str] | None = None  # /metrics text; None -> 404
     api_key: str | None = None  # when set, other bearer tokens get 401
+    models_status: int | None = None  # /v1/models answers this error (transformers serve: 500)
+    listed: list[str] | None = None  # what /v1/models lists (default: [model])
     requests: list[Received] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -153,10 +165,12 @@ class FakeServer:
         return web.Response(text="")
 
     async def _models(self, request: web.Request) -> web.Response:
+        if self.models_status is not None:
+            return web.Response(text="Internal Server Error", status=self.models_status)
         owner = "vllm" if self.vllm else "fake"
-        return web.json_response(
-            {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": owner}]}
-        )
+        names = [self.model] if self.listed is None else self.listed
+        data = [{"id": m, "object": "model", "owned_by": owner} for m in names]
+        return web.json_response({"object": "list", "data": data})
 
     async def _version(self, request: web.Request) -> web.Response:
         if not self.vllm:
@@ -211,6 +225,28 @@ class FakeServer:
                 lines = [data]
             await resp.write(b"".join(b"data: " + ln.encode() + eol for ln in lines) + eol)
 
+        def event(text: str, ks: range, finish: str | None) -> dict[str, Any]:
+            choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+            if chat:
+                choice["delta"] = {"content": text} if text else {}
+            else:
+                choice["text"] = text
+            if b.token_ids:
+                choice["token_ids"] = [TOKEN_BASE + k for k in ks]
+            return {"id": "x", "model": self.model, "choices": [choice]}
+
+        prompt = body.get("prompt") or json.dumps(body.get("messages"))
+        n_prompt = len(str(prompt).split())
+        usage = {
+            "prompt_tokens": n_prompt,
+            "completion_tokens": b.tokens,
+            "total_tokens": n_prompt + b.tokens,
+        }
+        if b.preamble:
+            pre = event("", range(0), None)
+            if chat:
+                pre["choices"][0]["delta"] = {"role": "assistant"}
+            await send(pre)
         sent, events = 0, 0
         while sent < b.tokens:
             if events == b.fault_after and await self._fault(request, resp, b, send):
@@ -222,28 +258,23 @@ class FakeServer:
             text = "".join(f"t{k} " for k in ks)
             if first and b.big_line:
                 text = "x" * b.big_line
-            choice: dict[str, Any] = {"index": 0, "finish_reason": None}
-            if chat:
-                choice["delta"] = {"content": text}
-            else:
-                choice["text"] = text
-            if b.token_ids:
-                choice["token_ids"] = [TOKEN_BASE + k for k in ks]
-            if sent + n == b.tokens:
-                choice["finish_reason"] = "length"
-            await send({"id": "x", "model": self.model, "choices": [choice]})
+            last = sent + n == b.tokens
+            obj = event(text, ks, "length" if last and not b.finish_apart else None)
+            if last and b.usage and b.usage_in_last and not b.finish_apart:
+                obj["usage"] = usage
+            await send(obj)
             sent, events = sent + n, events + 1
         if events == b.fault_after and await self._fault(request, resp, b, send):
             return
-        if b.usage:
-            prompt = body.get("prompt") or json.dumps(body.get("messages"))
-            usage = {
-                "prompt_tokens": len(str(prompt).split()),
-                "completion_tokens": b.tokens,
-                "total_tokens": len(str(prompt).split()) + b.tokens,
-            }
+        if b.finish_apart:
+            obj = event("", range(0), "length")
+            if b.usage and b.usage_in_last:
+                obj["usage"] = usage
+            await send(obj)
+        if b.usage and not b.usage_in_last:
             await send({"id": "x", "model": self.model, "choices": [], "usage": usage})
-        await send("[DONE]")
+        if b.done:
+            await send("[DONE]")
 
     async def _fault(
         self, request: web.Request, resp: web.StreamResponse, b: Behaviour, send

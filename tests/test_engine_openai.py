@@ -70,8 +70,12 @@ def test_token_ids_per_chunk_and_usage() -> None:
         assert ids == [TOKEN_BASE + k for k in range(10)]
         assert timed[0].text == "t0 t1 t2 " and timed[-1].finish_reason == "length"
         assert timed[0].info == {"replica": server.base_url}
-        assert chunks[-1].size == 0
-        assert chunks[-1].usage_output_tokens == 10 and chunks[-1].prompt_tokens == 3
+        usage, end = chunks[-2:]
+        assert usage.size == 0 and usage.usage_output_tokens == 10 and usage.prompt_tokens == 3
+        assert end.size == 0 and end.info == {
+            "stream_end": "[DONE]",
+            "output_tokens_from": "server usage",
+        }
         sent = server.requests[0]
         assert sent.path == "/v1/completions"
         assert sent.body["stream"] is True and sent.body["stream_options"] == {
@@ -309,11 +313,133 @@ def test_validate_rejects(options: dict[str, Any], match: str) -> None:
         OpenAIEngine.validate(EngineConfig(engine="openai", model="m", options=options))
 
 
-def test_served_model_must_be_served() -> None:
+# ---- other servers' shapes: endings, usage, first token, model listing ----------------------
+TRANSFORMERS = {"preamble": True, "finish_apart": True, "usage_in_last": True, "done": False}
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "request_", "end", "counted_by"),
+    [
+        (Behaviour(tokens=6), PROMPT, "[DONE]", "server usage"),
+        (Behaviour(tokens=6, token_ids=False, **TRANSFORMERS), CHAT, "finish_reason, close", "server usage"),
+        (Behaviour(tokens=6, token_ids=False, **TRANSFORMERS), PROMPT, "finish_reason, close", "server usage"),
+        (Behaviour(tokens=6, usage_in_last=True, done=False), PROMPT, "finish_reason, close", "server usage"),
+        (Behaviour(tokens=6, usage=False, done=False), CHAT, "finish_reason, close", "token ids"),
+        (Behaviour(tokens=6, fault="no_done", fault_after=6), PROMPT, "finish_reason, close", "token ids"),
+    ],
+)  # fmt: skip
+def test_complete_endings_are_recorded(
+    behaviour: Behaviour, request_: Request, end: str, counted_by: str
+) -> None:
+    """[DONE], or a finish_reason then a clean close (transformers serve), is complete."""
+
+    async def body(engine: OpenAIEngine, server: FakeServer) -> None:
+        chunks = await _collect(engine, request_)
+        timed = [c for c in chunks if c.size]
+        assert _tokens(timed) == 6 and "".join(c.text for c in timed) == "".join(
+            f"t{k} " for k in range(6)
+        )
+        assert chunks[-1].info["stream_end"] == end
+        assert chunks[-1].info["output_tokens_from"] == counted_by
+        usage = [c.usage_output_tokens for c in chunks if c.usage_output_tokens is not None]
+        assert usage == ([6] if counted_by == "server usage" else [])
+
+    _run(behaviour, body, {"vllm": False})
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "kind"),
+    [
+        (Behaviour(tokens=6, fault="no_done", fault_after=3), "incomplete stream"),
+        (Behaviour(tokens=6, finish_apart=True, fault="no_done", fault_after=6), "incomplete stream"),
+        (Behaviour(tokens=6, fault="reset", fault_after=6), "connection reset"),
+    ],
+)  # fmt: skip
+def test_cut_streams_stay_failures(behaviour: Behaviour, kind: str) -> None:
+    """Cut before [DONE] and before any finish_reason, or not closed cleanly: a failure."""
+
+    async def body(engine: OpenAIEngine, server: FakeServer) -> None:
+        with pytest.raises(RequestFailed) as info:
+            await _collect(engine)
+        assert info.value.kind == kind
+
+    _run(behaviour, body)
+
+
+def test_first_token_is_the_first_chunk_with_output() -> None:
+    """A role-only delta sent at once is not the first token; multi-token text chunks count as
+    one event each, and the server's usage gives the total."""
+    first = 0.2
+
+    async def body(engine: OpenAIEngine, server: FakeServer) -> None:
+        t_send = time.perf_counter()
+        chunks = [c async for c in engine.stream(CHAT, PARAMS, time.perf_counter)]
+        timed = [c for c in chunks if c.size]
+        assert timed[0].t - t_send >= first - 0.005  # not the preamble's arrival
+        assert [c.size for c in timed] == [1, 1, 1] and timed[0].text == "t0 t1 t2 "
+        assert [c.usage_output_tokens for c in chunks if c.usage_output_tokens] == [8]
+
+    b = Behaviour(tokens=8, per_chunk=3, first_delay=first, token_ids=False, **TRANSFORMERS)
+    _run(b, body, {"vllm": False})
+
+
+def test_tokenizer_counts_when_the_server_sends_no_usage(embedded_pair) -> None:
+    from tokenizers import Tokenizer
+
+    target = embedded_pair[0]
+    tok = Tokenizer.from_file(f"{target}/tokenizer.json")
+    expected = len(tok.encode("".join(f"t{k} " for k in range(5)), add_special_tokens=False).ids)
+
     async def main() -> None:
-        async with FakeServer() as url:
-            with pytest.raises(EngineError, match="not served"):
-                await OpenAIEngine(_config(url, served_model="other")).start()
+        async with FakeServer(Behaviour(tokens=5, token_ids=False, usage=False)) as url:
+            cfg = EngineConfig(engine="openai", model=target, options={"base_urls": [url]})
+            engine = OpenAIEngine(cfg)
+            await engine.start()
+            try:
+                chunks = await _collect(engine)
+            finally:
+                await engine.close()
+        assert chunks[-1].usage_output_tokens == expected != 5
+        assert chunks[-1].info["output_tokens_from"] == "tokenizer (the server sent no usage)"
+        assert engine.describe()["tokenizer_for_counts"] == target
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("server_kw", "served", "warned"),
+    [
+        ({"models_status": 500}, "m1", "answered 500"),
+        ({"listed": []}, "m1", "(lists: nothing)"),
+        ({"listed": ["m1"]}, "m1", None),
+        ({}, "other", "does not list 'other'"),
+    ],
+)
+def test_model_listing_is_a_convenience_with_served_model(
+    server_kw: dict[str, Any], served: str, warned: str | None
+) -> None:
+    async def main() -> None:
+        async with FakeServer(Behaviour(tokens=2), **server_kw) as url:
+            engine = OpenAIEngine(_config(url, served_model=served))
+            await engine.start()
+            try:
+                assert _tokens(await _collect(engine)) == 2
+            finally:
+                await engine.close()
+        warnings = engine.describe()["warnings"]
+        assert warnings == [] if warned is None else warned in warnings[0]
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("server_kw", [{"models_status": 500}, {"listed": []}])
+def test_model_listing_failure_without_served_model_says_what_to_pass(
+    server_kw: dict[str, Any],
+) -> None:
+    async def main() -> None:
+        async with FakeServer(**server_kw) as url:
+            with pytest.raises(EngineError, match="pass --served-model"):
+                await OpenAIEngine(_config(url)).start()
 
     asyncio.run(main())
 
