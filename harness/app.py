@@ -325,7 +325,25 @@ async def _execute(args, plan, configs, workload, out: Path, goodput) -> int:
     if error:
         print(f"error: {error}; partial results in {out}", file=sys.stderr)
         return 1
+    why = run_failure(runs)
+    if why:
+        print(f"error: {why}; results in {out}", file=sys.stderr)
+        return 1
     return 0 if results["status"] == "complete" else 1
+
+
+def run_failure(runs: list[Run]) -> str | None:
+    """Why the run as a whole failed (an engine did not start, or no request succeeded), else
+    None; some failed requests are not a failed run (the table counts them)."""
+    for r in runs:
+        if r.status.startswith("failed: engine did not start"):
+            return f"{r.cell.engine} [{r.cell.label}] {r.status.removeprefix('failed: ')}"
+    tried = [r for r in runs if not r.status.startswith("unsupported")]
+    records = [rec for r in tried for rec in r.records if not rec.warmup]
+    if tried and not any(rec.ok for rec in records):
+        first = next((rec.error for rec in records if rec.error), None)
+        return f"no request succeeded ({len(records)} failed{f', e.g. {first}' if first else ''})"
+    return None
 
 
 def _speed_of_light(plan: RunPlan, runs: list[Run]) -> dict[str, Any] | None:

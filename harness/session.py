@@ -122,7 +122,7 @@ class Session:
             self._say(status)
             for p in self._todo(lane):
                 cell = self.plan.cell(config.engine, lane.label, p, 0)
-                self._finish(Run(cell, config.spec_config, ()), status)
+                self._finish(Run(cell, config.spec_config, (), status=status), status)
             with contextlib.suppress(Exception):
                 await engine.close()
             return

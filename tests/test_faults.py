@@ -156,3 +156,32 @@ def test_a_thousand_streams_in_flight(tmp_path, capsys):
     (run,) = json.loads((out / "results.json").read_text())["runs"]
     assert run["summary"]["completed"] == 1000 and run["summary"]["failed"] == 0
     assert run["summary"]["peak_in_flight"] > 500
+
+
+def test_no_request_succeeded_exits_nonzero_with_one_line(tmp_path, capsys):
+    with ServerThread(FakeServer(Behaviour(status=500))) as url:
+        code, out = run_harness(tmp_path, url, 4, "--concurrency", "2")
+    err = capsys.readouterr().err
+    assert code == 1, err
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert "no request succeeded (4 failed, e.g. http 500" in line
+    (run,) = json.loads((out / "results.json").read_text())["runs"]  # results still written
+    assert run["summary"]["failed"] == 4
+
+
+def test_engine_that_cannot_start_exits_nonzero(tmp_path, capsys):
+    """A failing /v1/models stops the engine without --served-model (the line says to pass it),
+    and is only a warning with it."""
+    server = FakeServer(OK, models_status=500)
+    with ServerThread(server) as url:
+        code, out = run_harness(tmp_path, url, 4)
+        err = capsys.readouterr().err
+        assert code == 1 and "Traceback" not in err
+        (line,) = [ln for ln in err.splitlines() if ln.startswith("error:")]
+        assert "openai [baseline] engine did not start" in line and "--served-model" in line
+        assert (out / "results.json").exists()
+        code, out = run_harness(tmp_path, url, 4, "--served-model", "fake-model")
+    assert code == 0, capsys.readouterr().err
+    (run,) = json.loads((out / "results.json").read_text())["runs"]
+    assert run["summary"]["completed"] == 4
+    assert "answered 500" in run["engine_info"]["warnings"][0]
