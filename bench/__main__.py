@@ -28,6 +28,7 @@ BENCHMARKS = {
     "fidelity": "bench.fidelity",
     "capacity": "bench.capacity",
     "sol": "bench.sol",
+    "cost": "bench.cost",
 }
 HERE = Path(__file__).resolve().parent
 ENV_PREFIX = "LD_PRELOAD=.venv/lib/libiomp5.so VLLM_ENABLE_V1_MULTIPROCESSING=0 "

@@ -101,7 +101,6 @@ class VLLMEngine:
 
     async def start(self) -> None:
         self.validate(self.config)
-        self._kwargs, self._defaults = engine_kwargs(self.config)
         ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(
             target=self._run, args=(ready,), name="vllm-stepper", daemon=True
@@ -136,16 +135,9 @@ class VLLMEngine:
     def _run(self, ready: concurrent.futures.Future[None]) -> None:
         """Build the engine, then serve commands and step until told to stop."""
         try:
-            from vllm import LLM
-
-            patched = patch_kernel_rebinding()
-            self._llm = LLM(**self._kwargs)
+            self._llm = self._load()
             tok = self._llm.get_tokenizer()
             self._has_template = bool(getattr(tok, "chat_template", None))
-            mc = self._llm.llm_engine.model_config
-            self._facts = {"dtype": str(mc.dtype), "max_model_len": mc.max_model_len}
-            if patched:
-                self._facts["workarounds"] = [patched]
         except BaseException as e:  # noqa: BLE001 - reported to start()
             self._llm = None
             free_dist_state()
@@ -179,6 +171,20 @@ class VLLMEngine:
                 return
         if stop is not None:
             stop.set_result(None)
+
+    def _load(self) -> Any:
+        """Build vLLM's ``LLM`` on the stepping thread. bench/stepsim.py overrides this with a
+        step simulator of the same shape (``llm_engine.step()`` & co.)."""
+        from vllm import LLM
+
+        self._kwargs, self._defaults = engine_kwargs(self.config)
+        patched = patch_kernel_rebinding()
+        llm = LLM(**self._kwargs)
+        mc = llm.llm_engine.model_config
+        self._facts = {"dtype": str(mc.dtype), "max_model_len": mc.max_model_len}
+        if patched:
+            self._facts["workarounds"] = [patched]
+        return llm
 
     def _serve(self) -> concurrent.futures.Future[None]:
         """Serve commands and step while requests are unfinished; return the stop future."""
