@@ -72,8 +72,10 @@ def _fmt(v: float | None) -> str:
 
 
 def render(results: list[Result], argv: list[str], quick: bool, started: str, load0: str) -> str:
-    ok = {True: "met", False: "**missed**", None: "-"}
-    noise = "**missed** (within noise: the CI reaches the target)"
+    shown = {
+        "missed": "**missed**",
+        "inconclusive": "inconclusive (the CI reaches across the target)",
+    }
     lines = [
         "# Harness benchmarks" + (" (quick smoke run)" if quick else ""),
         "",
@@ -88,7 +90,7 @@ def render(results: list[Result], argv: list[str], quick: bool, started: str, lo
         for h in r.headlines:
             lines.append(
                 f"| {r.name} | {h.label} | {_fmt(h.value)} | {h.target} | "
-                f"{noise if h.within_noise else ok[h.ok]} | {h.detail} |"
+                f"{shown.get(h.verdict, h.verdict)} | {h.detail} |"
             )
     lines += [
         "",
@@ -98,7 +100,8 @@ def render(results: list[Result], argv: list[str], quick: bool, started: str, lo
         f"- Load average (1/5/15 min) at start: {load0}; at end: {load_avg()} -- the machine is "
         "shared with other engineers, so absolute figures are noisy; every comparison is "
         "interleaved (A, B, A, B, ...) and reported as the median of per-pair ratios "
-        "[min, max], with a seeded bootstrap 95% CI of that median where there are 3+ pairs.",
+        "[min, max], with a distribution-free 95% CI of that median (order statistics; 6+ pairs). "
+        "A target is met only when that CI lies inside the target band.",
         f"- Command: `{' '.join([ENV_PREFIX + '.venv/bin/python -m bench', *argv])}`",
         "",
     ]

@@ -30,33 +30,47 @@ class Headline:
     label: str
     value: float | None
     target: str  # e.g. ">= 0.98"
-    ok: bool | None
+    ok: bool | None  # True: met; False: missed; None: inconclusive or no value
     detail: str = ""
-    within_noise: bool = False  # missed, but the 95% CI of the median reaches the target
+    verdict: str = "-"  # "met" | "missed" | "inconclusive" | "-" (no value)
 
 
 def ratio_headline(label: str, rs: Sequence[float], lo: float, hi: float, target: str) -> Headline:
-    """The median of per-pair ratios against the band [lo, hi], with a bootstrap 95% CI."""
+    """The median of per-pair ratios against the band [lo, hi]: "met" only when its 95% CI lies
+    inside the band, "missed" when the CI lies outside it, else "inconclusive" (the CI reaches
+    across a band edge, or there are too few pairs for a 95% CI)."""
     m = med(rs)
+    if m is None:
+        return Headline(label, None, target, None)
     ci = median_ci(rs)
-    ok = m is not None and lo <= m <= hi
-    detail = f"95% CI of the median [{ci[0]:.3f}, {ci[1]:.3f}], {len(rs)} pairs" if ci else ""
-    noise = bool(not ok and ci and ci[1] >= lo and ci[0] <= hi)
-    return Headline(label, m, target, ok if m is not None else None, detail, noise)
+    if ci is None:
+        detail = f"{len(rs)} pairs: too few for a 95% CI of the median"
+        return Headline(label, m, target, None, detail, "inconclusive")
+    c_lo, c_hi, level = ci
+    detail = f"{level:.1%} CI of the median [{c_lo:.3f}, {c_hi:.3f}], {len(rs)} pairs"
+    if lo <= c_lo and c_hi <= hi:
+        return Headline(label, m, target, True, detail, "met")
+    if c_hi < lo or c_lo > hi:
+        return Headline(label, m, target, False, detail, "missed")
+    return Headline(label, m, target, None, detail, "inconclusive")
 
 
-def median_ci(
-    xs: Sequence[float], resamples: int = 2000, seed: int = 0
-) -> tuple[float, float] | None:
-    """Seeded bootstrap 95% interval of the median (None under 3 values)."""
-    if len(xs) < 3:
-        return None
-    import numpy as np
+def median_ci(xs: Sequence[float], level: float = 0.95) -> tuple[float, float, float] | None:
+    """Distribution-free CI of the median from order statistics: [x_(k), x_(n+1-k)] with the
+    largest k whose binomial coverage is >= ``level``; returns (lo, hi, coverage), or None when
+    even [min, max] covers less (under 6 values). Valid at any n, unlike a bootstrap of the
+    median (which at 5 pairs is close to [min, max] and claims 95%)."""
+    from math import comb
 
-    a = np.asarray(xs, dtype=float)
-    idx = np.random.default_rng(seed).integers(0, len(a), (resamples, len(a)))
-    meds = np.median(a[idx], axis=1)
-    return float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))
+    n = len(xs)
+    s = sorted(xs)
+    best = None
+    for k in range(1, n // 2 + 1):  # coverage of [x_(k), x_(n+1-k)] = 1 - 2 P(Bin(n, 1/2) < k)
+        cover = 1 - 2 * sum(comb(n, i) for i in range(k)) / 2**n
+        if cover < level:
+            break
+        best = (float(s[k - 1]), float(s[n - k]), cover)
+    return best
 
 
 @dataclass
