@@ -34,6 +34,7 @@ from engines.base import (
     SpecCounters,
 )
 from engines.openai import OpenAIEngine
+from engines.vllm_setup import check_schedule
 from workloads.base import Request
 
 # options of this engine; the rest of OPENAI_PASSTHROUGH reach the inner OpenAIEngine
@@ -158,6 +159,7 @@ class VLLMServerEngine:
             method = config.spec_config.get("method")
             if method not in SPEC_METHODS:
                 raise EngineError(f"vllm-server: unknown spec method {method!r}")
+            check_schedule(config.spec_config, "vllm-server")
         OpenAIEngine.validate(cls._inner_config(config, "http://127.0.0.1:1/v1"))
 
     async def start(self) -> None:

@@ -38,6 +38,7 @@ def validate_config(config: EngineConfig, spec_methods: tuple[str, ...]) -> None
         is_path = isinstance(draft, str) and looks_like_path(draft)
         if is_path and not Path(draft).expanduser().exists():
             raise EngineError(f"vllm: draft model path does not exist: {draft}")
+        check_schedule(spec, "vllm")
     bad = [k for k in config.engine_args if k in RESERVED]
     if bad:
         raise EngineError(f"vllm: set {bad[0]!r} through the engine config, not engine_args")
@@ -49,6 +50,30 @@ def validate_config(config: EngineConfig, spec_methods: tuple[str, ...]) -> None
             close = difflib.get_close_matches(key, fields, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise EngineError(f"vllm: unknown engine_args key {key!r}{hint}")
+
+
+SCHEDULE = "num_speculative_tokens_per_batch_size"
+
+
+def check_schedule(spec: Mapping[str, Any], who: str) -> None:
+    """A batch-size schedule is checked by vLLM's own validator before any engine loads
+    (vLLM itself checks it only when the scheduler is built, after the model has loaded)."""
+    if spec.get(SCHEDULE) is None:
+        return
+    try:
+        from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
+    except ImportError:  # an older vLLM: it will say so itself
+        return
+    try:
+        validate_and_normalize_dynamic_sd_schedule(spec[SCHEDULE])
+    except (ValueError, TypeError) as exc:
+        raise EngineError(f"{who}: speculative_config.{SCHEDULE}: {exc}") from None
+    k = spec.get("num_speculative_tokens")
+    if not isinstance(k, int) or isinstance(k, bool) or k <= 0:
+        raise EngineError(
+            f"{who}: speculative_config.{SCHEDULE} needs num_speculative_tokens > 0 (the largest "
+            f"K of the schedule; vLLM clamps every range to it), got {k!r}"
+        )
 
 
 def engine_kwargs(cfg: EngineConfig) -> tuple[dict[str, Any], dict[str, Any]]:

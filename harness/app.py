@@ -34,7 +34,7 @@ def build_plan(args: argparse.Namespace, model: str, draft: str | None) -> RunPl
     engines = tuple(e.strip() for e in args.engine.split(",") if e.strip())
     check_engines(engines)
     methods = parse_methods(args.spec)
-    spec_config = _json_arg("--spec-config", args.spec_config)
+    spec_config = spec_config_arg(args.spec_config)
     if spec_config is not None and "method" not in spec_config:
         raise UsageError('--spec-config: the object needs a "method" key (e.g. "ngram")')
     if args.no_baseline and not (methods or spec_config):
@@ -104,6 +104,21 @@ def build_plan(args: argparse.Namespace, model: str, draft: str | None) -> RunPl
         engine_args=engine_args,
         options=options,
     )
+
+
+def spec_config_arg(value: str | None) -> dict[str, Any] | None:
+    """``--spec-config``: inline JSON, ``@file.json`` or a path (what ``harness tune`` emits)."""
+    if value is None or value.lstrip().startswith("{"):
+        return _json_arg("--spec-config", value)
+    path = Path(value[1:] if value.startswith("@") else value).expanduser()
+    if not value.startswith("@") and not path.exists():
+        return _json_arg("--spec-config", value)  # neither JSON nor a file: say why as JSON
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise UsageError(f"--spec-config: {path}: {reason}") from None
+    return _json_arg(f"--spec-config: {path}", text)
 
 
 def resolve_models(args: argparse.Namespace) -> tuple[str, str | None]:

@@ -37,7 +37,8 @@ def _json_arg(flag: str, text: str | None) -> dict[str, Any] | None:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UsageError(f"{flag}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+        where = f"line {exc.lineno} column {exc.colno}" if exc.lineno > 1 else f"column {exc.colno}"
+        raise UsageError(f"{flag}: invalid JSON ({exc.msg} at {where})") from None
     if not isinstance(value, dict):
         raise UsageError(f"{flag}: expected a JSON object, got {type(value).__name__}")
     return value
@@ -166,8 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--spec-config",
         default=None,
-        metavar="JSON",
-        help="a speculative_config passed verbatim to vLLM (one more variant)",
+        metavar="JSON|@FILE",
+        help="a speculative_config passed verbatim to vLLM (one more variant): inline JSON, "
+        "@file.json or a path (e.g. the speculative_config.json that `harness tune` writes)",
     )
     s.add_argument("--no-baseline", action="store_true", help="skip the baseline variant")
     w = p.add_argument_group("workload")

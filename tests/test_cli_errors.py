@@ -80,6 +80,18 @@ CASES = {
         ["--spec-config", "invalid JSON"],
     ),
     "spec-config not object": (["--spec-config", "[1]"], ["--spec-config", "JSON object"]),
+    "spec-config missing file": (
+        ["--spec-config", "@/no/such/spec.json"],
+        ["--spec-config", "/no/such/spec.json", "No such file"],
+    ),
+    "spec-config bad file": (
+        ["--spec-config", "@{w:spec_bad.json}"],
+        ["--spec-config", "spec_bad.json", "invalid JSON", "line 3"],
+    ),
+    "spec-config bad schedule": (
+        ["--spec-config", "{w:spec_gap.json}", "--mode", "latency"],
+        ["num_speculative_tokens_per_batch_size", "must start at 1"],
+    ),
     "bad engine-args json": (["--engine-args", "{'a': 1}"], ["--engine-args", "invalid JSON"]),
     "concurrency in latency mode": (
         ["--mode", "latency", "--concurrency", "4"],
@@ -101,6 +113,14 @@ FILES = {
     "latin.jsonl": b'{"id": 1, "prompt": "caf\xe9"}\n',
     "share.json": json.dumps([{"id": "a", "conversations": [{"from": "gpt", "value": "hi"}]}]),
     "zero.jsonl": '{"id": 1, "prompt": "a", "max_new_tokens": 0}\n',
+    "spec_bad.json": '{\n "method": "ngram",\n}\n',
+    "spec_gap.json": json.dumps(
+        {
+            "method": "ngram",
+            "num_speculative_tokens": 3,
+            "num_speculative_tokens_per_batch_size": [[2, 8, 3]],
+        }
+    ),
 }
 
 
@@ -111,9 +131,9 @@ def test_bad_input_one_line_exit_2(name, files, capsys):
     subst["tmp"] = str(files["tmp"])
     out = []
     for a in argv:
-        if a.startswith("{w:"):
-            fname = a[3:-1]
-            out.append(files["write"](fname, FILES[fname]))
+        if a.lstrip("@").startswith("{w:"):
+            fname = a.lstrip("@")[3:-1]
+            out.append(a[: len(a) - len(a.lstrip("@"))] + files["write"](fname, FILES[fname]))
         elif a.startswith("{") and a.endswith("}") and a[1:-1] in subst:
             out.append(subst[a[1:-1]])
         else:
