@@ -1,0 +1,130 @@
+"""From the best speculative arm per load to one ``speculative_config`` that vLLM accepts as is.
+
+vLLM (0.32, ``vllm/v1/spec_decode/dynamic/utils.py``) takes ``num_speculative_tokens_per_batch_size``:
+``[[range_start, range_end, K], ...]``, inclusive batch-size ranges, sorted, non-overlapping, the
+first starting at 1; K >= 0 (0 = no drafting at that batch size); batch sizes in a gap or above
+the last range keep the previous range's K; every K is clamped to ``num_speculative_tokens``,
+which must be > 0. The scheduler looks K up by the number of requests in each step.
+
+Two things a per-load answer can hold that one config cannot, and what is emitted instead:
+* one method per config: the method that won at the most loads; where another won, that load
+  gets this method's own best K there (or 0), and a note says what was given up;
+* loads are concurrencies, the schedule is by batch size: load L_i covers batch sizes
+  [L_i, L_(i+1) - 1] (as vLLM's ``tune_speculative_k.py`` does), the first range starts at 1
+  and batch sizes above the last load keep its K.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engines.vllm_setup import SCHEDULE
+
+Schedule = tuple[tuple[int, int, int], ...]
+
+
+@dataclass(frozen=True)
+class Pick:
+    """The answer at one load: the chosen method (None = speculation off) and K, and for each
+    method the K to use here if the config's method is that one (0 = off)."""
+
+    load: int
+    method: str | None
+    k: int
+    speedup: float | None = None  # the chosen arm over the baseline (point estimate)
+    by_method: Mapping[str, tuple[int, float | None]] = field(default_factory=dict)
+
+
+def choose_method(picks: Sequence[Pick]) -> str | None:
+    """The method chosen at the most loads; ties go to the larger summed log speedup."""
+    score: dict[str, tuple[int, float]] = {}
+    for p in picks:
+        if p.method is None:
+            continue
+        n, s = score.get(p.method, (0, 0.0))
+        gain = math.log(p.speedup) if p.speedup and p.speedup > 0 else 0.0
+        score[p.method] = (n + 1, s + gain)
+    if not score:
+        return None
+    return max(sorted(score), key=lambda m: score[m])
+
+
+def ranges(ks: Sequence[tuple[int, int]]) -> Schedule:
+    """(load, K) pairs -> inclusive batch-size ranges, adjacent equal K merged."""
+    pts = sorted(ks)
+    out: list[list[int]] = []
+    for i, (load, k) in enumerate(pts):
+        start = 1 if i == 0 else load
+        end = pts[i + 1][0] - 1 if i + 1 < len(pts) else load
+        if out and out[-1][2] == k:
+            out[-1][1] = end
+        else:
+            out.append([start, end, k])
+    return tuple((a, b, k) for a, b, k in out)
+
+
+def build_config(
+    picks: Sequence[Pick], method_configs: Mapping[str, Mapping[str, Any]]
+) -> tuple[dict[str, Any] | None, Schedule, list[str]]:
+    """(speculative_config, schedule, notes). The config is None when no method was tried."""
+    notes: list[str] = []
+    method = choose_method(picks)
+    if method is None:  # speculation pays nowhere: the nearest config of the best method tried
+        tried = [m for p in picks for m in p.by_method] or list(method_configs)
+        if not tried:
+            return None, (), ["no speculative method was tried"]
+        method = sorted(tried)[0]
+        notes.append(
+            "speculation pays at no load: the schedule turns it off everywhere (K = 0); "
+            "running without a speculative_config is the same and loads no draft"
+        )
+    ks: list[tuple[int, int]] = []
+    for p in sorted(picks, key=lambda p: p.load):
+        if p.method in (method, None):
+            ks.append((p.load, p.k if p.method == method else 0))
+            continue
+        k, s = p.by_method.get(method, (0, None))
+        ks.append((p.load, k))
+        here = f"{method}(k={k})" + (f" {s:.2f}x" if s else "") if k else "speculation off"
+        notes.append(
+            f"load {p.load}: the best was {p.method}(k={p.k})"
+            + (f" ({p.speedup:.2f}x)" if p.speedup else "")
+            + f"; vLLM takes one method per config, so this schedule uses {here} there"
+        )
+    schedule = ranges(ks)
+    top = max(k for _, _, k in schedule)
+    config = {
+        **dict(method_configs[method]),
+        "method": method,
+        "num_speculative_tokens": max(top, 1),  # must be > 0; the schedule says where K = 0
+        SCHEDULE: [list(r) for r in schedule],
+    }
+    loads = sorted(p.load for p in picks)
+    if loads and loads[0] > 1:
+        notes.append(f"batch sizes 1..{loads[0] - 1} (not measured) take the K of load {loads[0]}")
+    if loads:
+        notes.append(
+            f"batch sizes above {loads[-1]} (not measured) keep the K of load {loads[-1]} "
+            "(vLLM carries the last range forward)"
+        )
+    return config, schedule, notes
+
+
+def fixed_config(config: Mapping[str, Any], k: int) -> dict[str, Any]:
+    """The same speculative_config with one fixed K everywhere (no schedule)."""
+    out = {key: v for key, v in config.items() if key != SCHEDULE}
+    out["num_speculative_tokens"] = k
+    return out
+
+
+def describe(schedule: Schedule) -> str:
+    """ "batch 1-3: K=4, 4-7: K=2, 8+: off" (the last range reaches every larger batch)."""
+    parts = []
+    for i, (a, b, k) in enumerate(schedule):
+        last = i == len(schedule) - 1
+        span = f"{a}+" if last else (f"{a}" if a == b else f"{a}-{b}")
+        parts.append(f"{span}: {'off' if k == 0 else f'K={k}'}")
+    return "batch " + ", ".join(parts)

@@ -1,0 +1,167 @@
+"""`harness tune`'s search and emitter on a scripted engine with planted per-load speedups.
+
+The scripted engine is a measurement callback: each arm's tokens/s is the planted speedup times
+the baseline's rate, times machine drift shared by the round (which pairing must cancel) and
+independent run-to-run noise. Known truth, so the tests say what tune should pick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+
+import pytest
+
+from engines.vllm_setup import SCHEDULE
+from harness.schedule import Pick, build_config, describe, ranges
+from harness.tune import BASELINE, Arm, Sample, Settings, expected_tokens, tune
+
+ACC = {  # acceptance per draft position (P(first i+1 kept)), per method
+    "ngram": (0.55, 0.35, 0.22, 0.14, 0.09, 0.05),
+    "draft_model": (0.75, 0.56, 0.42, 0.31, 0.23, 0.17),
+}
+
+
+class ScriptedLoad:
+    """Tokens/s = 100 * load^0.5 * planted speedup * round drift * noise."""
+
+    def __init__(self, truth, noise=0.03, drift=0.03, seed=0):
+        self.truth = truth  # (load, arm) -> speedup over the baseline
+        self.noise, self.drift = noise, drift
+        self.rng = random.Random(seed)
+        self.runs = 0
+        self.orders: list[list[Arm]] = []
+
+    async def __call__(self, load, arms, rnd):
+        self.orders.append(list(arms))
+        shared = math.exp(self.rng.gauss(0, self.drift))  # the machine this round
+        out = {}
+        for arm in arms:
+            self.runs += 1
+            speed = 1.0 if arm == BASELINE else self.truth[(load, arm)]
+            rate = 100 * load**0.5 * speed * shared * math.exp(self.rng.gauss(0, self.noise))
+            acc = ACC[arm.method][: arm.k] if arm.method else ()
+            out[arm] = Sample(tokens=1000.0, seconds=1000.0 / rate, acceptance_per_pos=acc)
+        return out
+
+
+def leviathan_truth(loads, ks, costs):
+    """Planted speedups that follow E(K) / (1 + K c) with a per-load, per-method cost c."""
+    truth = {}
+    for load in loads:
+        for m, acc in ACC.items():
+            for k in ks:
+                truth[(load, Arm(m, k))] = expected_tokens(acc, k) / (1 + k * costs[m][load])
+    return truth
+
+
+EXPLICIT = {  # load -> planted speedups; the best is >= 10% ahead of the next
+    1: {("ngram", 1): 1.30, ("ngram", 3): 1.62, ("ngram", 5): 1.45, ("draft_model", 2): 1.20,
+        ("draft_model", 4): 1.05},
+    4: {("ngram", 1): 1.05, ("ngram", 3): 1.10, ("ngram", 5): 1.00, ("draft_model", 2): 1.32,
+        ("draft_model", 4): 1.15},
+    16: {("ngram", 1): 0.88, ("ngram", 3): 0.80, ("ngram", 5): 0.70, ("draft_model", 2): 0.60,
+         ("draft_model", 4): 0.45},
+}  # fmt: skip
+METHODS = {"ngram": (1, 3, 5), "draft_model": (2, 4)}
+NO_PRUNING = Settings(prune_margin=1.0, keep_per_method=9)
+
+
+def _truth(table):
+    return {(load, Arm(m, k)): s for load, row in table.items() for (m, k), s in row.items()}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_tune_picks_the_planted_best_per_load(seed):
+    engine = ScriptedLoad(_truth(EXPLICIT), seed=seed)
+    results = asyncio.run(tune([1, 4, 16], METHODS, engine, NO_PRUNING))
+    picked = {r.load: r.chosen for r in results}
+    assert picked == {1: Arm("ngram", 3), 4: Arm("draft_model", 2), 16: BASELINE}
+    for r in results:
+        assert "significantly ahead" in r.verdict, r.verdict
+        ratio = r.candidate(r.chosen).vs_baseline
+        truth = 1.0 if r.chosen == BASELINE else EXPLICIT[r.load][(r.chosen.method, r.chosen.k)]
+        if ratio is not None:  # CI coverage is the calibration test's (tests/test_stats.py)
+            assert abs(ratio.estimate / truth - 1) < 0.1
+    orders = {tuple(o) for o in engine.orders if len(o) > 2}
+    assert len(orders) > 1  # the run order rotates between rounds
+
+
+def test_within_tolerance_prefers_the_cheaper_arm():
+    """ngram(k=2) and draft_model(k=2) planted 0.5% apart: the cheaper (ngram) wins."""
+    truth = {(8, Arm("ngram", 2)): 1.200, (8, Arm("draft_model", 2)): 1.206}
+    for seed in range(3):
+        engine = ScriptedLoad(truth, noise=0.004, drift=0.03, seed=seed)
+        (r,) = asyncio.run(tune([8], {"ngram": (2,), "draft_model": (2,)}, engine, NO_PRUNING))
+        assert r.chosen == Arm("ngram", 2), r.verdict
+        assert "within" in r.verdict
+        assert r.candidate(BASELINE).status == "eliminated"
+
+
+def test_never_picks_an_arm_more_than_the_tolerance_below_the_best():
+    """Leviathan-shaped truth (neighbouring K often within 2-5%), pruning on, many seeds: the
+    pick's planted speedup is within the tolerance of the best, and tune measures less than
+    the full grid."""
+    loads = [1, 4, 16]
+    costs = {"ngram": {1: 0.02, 4: 0.08, 16: 0.25}, "draft_model": {1: 0.12, 4: 0.3, 16: 0.7}}
+    ks = (1, 2, 3, 4, 6)
+    truth = leviathan_truth(loads, ks, costs)
+    s = Settings(max_rounds=10)
+    grid_runs = 0
+    for seed in range(30):
+        engine = ScriptedLoad(truth, noise=0.02, drift=0.03, seed=seed)
+        results = asyncio.run(tune(loads, {"ngram": ks, "draft_model": ks}, engine, s))
+        for r in results:
+            best = max([1.0] + [v for (lo, _), v in truth.items() if lo == r.load])
+            got = 1.0 if r.chosen == BASELINE else truth[(r.load, r.chosen)]
+            assert got >= best * (1 - s.tolerance) - 0.01, (seed, r.load, r.verdict)
+            if r.chosen != BASELINE:
+                assert truth[(r.load, r.chosen)] > 1.0
+            pick = r.candidate(r.chosen)
+            if pick.vs_leader is not None:  # not the leader: its CI says within the tolerance
+                v = pick.vs_leader
+                assert v.verdict.startswith("within") or (
+                    v.lo >= 1 - s.tolerance and v.hi <= 1 + s.tolerance
+                ), (seed, r.load, r.verdict)
+        grid_runs = len(loads) * (1 + 2 * len(ks)) * s.max_rounds
+        assert engine.runs < 0.6 * grid_runs  # the pruning and the early stops paid
+    assert grid_runs
+
+
+def test_load_16_turns_speculation_off_and_pruning_says_why():
+    engine = ScriptedLoad(_truth(EXPLICIT), seed=1)
+    (r,) = asyncio.run(tune([16], METHODS, engine, Settings()))
+    assert r.chosen == BASELINE
+    pruned = [c for c in r.candidates if c.status == "pruned"]
+    assert pruned and all(c.predicted is not None for c in pruned)
+
+
+# ---- the emitter -----------------------------------------------------------------------------
+def test_ranges_cover_every_batch_size_from_1_and_merge():
+    assert ranges([(1, 4), (2, 4), (4, 2), (8, 0), (16, 0)]) == ((1, 3, 4), (4, 7, 2), (8, 16, 0))
+    assert ranges([(2, 3), (8, 1)]) == ((1, 7, 3), (8, 8, 1))
+    assert describe(((1, 3, 4), (4, 7, 2), (8, 16, 0))) == "batch 1-3: K=4, 4-7: K=2, 8+: off"
+
+
+def test_build_config_one_method_nearest_legal_schedule():
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    picks = [
+        Pick(1, "ngram", 4, 1.6, {"ngram": (4, 1.6), "draft_model": (3, 1.3)}),
+        Pick(2, "ngram", 3, 1.4, {"ngram": (3, 1.4)}),
+        Pick(4, "draft_model", 2, 1.2, {"ngram": (1, 1.1), "draft_model": (2, 1.2)}),
+        Pick(8, None, 0, 1.0, {}),
+        Pick(16, None, 0, 1.0, {}),
+    ]
+    method_cfgs = {"ngram": {"method": "ngram", "prompt_lookup_max": 3, "prompt_lookup_min": 1}}
+    cfg, schedule, notes = build_config(picks, method_cfgs)
+    assert cfg["method"] == "ngram" and cfg["prompt_lookup_max"] == 3
+    assert cfg["num_speculative_tokens"] == 4
+    assert cfg[SCHEDULE] == [[1, 1, 4], [2, 3, 3], [4, 7, 1], [8, 16, 0]]
+    assert any("load 4" in n and "one method" in n for n in notes)
+    lookup = build_dynamic_sd_schedule_lookup(cfg[SCHEDULE], 64, cfg["num_speculative_tokens"])
+    assert lookup[1] == 4 and lookup[3] == 3 and lookup[5] == 1 and lookup[8] == lookup[64] == 0
+    off, _, notes = build_config([Pick(1, None, 0, 1.0, {"ngram": (0, None)})], method_cfgs)
+    assert off[SCHEDULE] == [[1, 1, 0]] and off["num_speculative_tokens"] == 1
+    assert "pays at no load" in notes[0]
