@@ -87,7 +87,7 @@ def _latency(name: str) -> Callable[[Run, Run], float]:
         cp = {r.request_id: value(r) for r in cand.counted}
         logs = [
             math.log(bp[i] / cp[i])
-            for i in bp.keys() & cp.keys()
+            for i in sorted(bp.keys() & cp.keys())
             if bp[i] is not None and cp[i] is not None and bp[i] > 0 and cp[i] > 0
         ]
         return float(np.mean(logs)) if logs else math.nan
