@@ -1,4 +1,4 @@
-"""Paired comparisons across runs: speedups with CIs and verdicts, and the lossless check."""
+"""Paired comparisons across runs: speedups with CIs and verdicts."""
 
 from __future__ import annotations
 
@@ -117,33 +117,6 @@ def compare_groups(
     return {m: compare_log_ratios(m, log_speedups(base, cand, m), min_effect) for m in METRICS}
 
 
-def lossless(base: list[Run], cand: list[Run]) -> dict[str, Any]:
-    """Share of prompts whose output token ids are identical; first divergence otherwise."""
-
-    def first_ids(runs: list[Run]) -> dict[str, tuple[int, ...]]:
-        out: dict[str, tuple[int, ...]] = {}
-        for run in runs:
-            for r in run.counted:
-                if r.output_token_ids is not None:
-                    out.setdefault(r.request_id, r.output_token_ids)
-        return out
-
-    b, c = first_ids(base), first_ids(cand)
-    ids = sorted(set(b) & set(c))
-    diverged = {}
-    for i in ids:
-        if b[i] != c[i]:
-            x, y = b[i], c[i]
-            pos = next((k for k, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
-            diverged[i] = pos
-    return {
-        "compared": len(ids),
-        "identical": len(ids) - len(diverged),
-        "share_identical": (len(ids) - len(diverged)) / len(ids) if ids else None,
-        "first_divergence": diverged,
-    }
-
-
 def comparisons(runs: Sequence[Run], *, min_effect: float = 0.02, seed: int = 0) -> list[dict]:
     """Spec vs baseline of the same engine, and each engine vs the first engine (same label).
 
@@ -161,7 +134,7 @@ def comparisons(runs: Sequence[Run], *, min_effect: float = 0.02, seed: int = 0)
                      "no significant difference" | "n/a (n too small)" | "n/a"
         decides      True on the metric that decides this pair at this point: output_tok_s
                      in closed loop, e2e at a --request-rate (see deciding_metric)
-        lossless     the lossless check, on the deciding comparison only (else None)
+        (harness.derived adds ``id`` and ``lossless``, the index of the pair's output check)
     """
     del seed
     groups = group_runs(runs)
@@ -177,7 +150,6 @@ def comparisons(runs: Sequence[Run], *, min_effect: float = 0.02, seed: int = 0)
         decides = deciding_metric(cell.mode, cell.load)
         for (b_engine, b_label), base in pairs:
             ratios = compare_groups(base, cand, min_effect=min_effect)
-            check = lossless(base, cand)
             for metric, comp in ratios.items():
                 out.append(
                     {
@@ -189,7 +161,6 @@ def comparisons(runs: Sequence[Run], *, min_effect: float = 0.02, seed: int = 0)
                         "workload": cell.workload,
                         **comp.to_json(),
                         "decides": metric == decides,
-                        "lossless": check if metric == decides else None,
                     }
                 )
     return out

@@ -326,7 +326,15 @@ async def _execute(args, plan, configs, workload, out: Path, goodput) -> int:
     elif session.stop:
         status = f"stopped: {session.stop.reason}"
     results = finalize(
-        out, plan, workload, runs, status, args.min_effect, goodput, plots=not args.no_plots
+        out,
+        plan,
+        workload,
+        runs,
+        status,
+        args.min_effect,
+        goodput,
+        plots=not args.no_plots,
+        temperature=args.temperature,
     )
     summary = (out / "summary.md").read_text()
     if not interrupted:
@@ -381,10 +389,12 @@ def finalize(
     min_effect: float,
     goodput: dict[str, float] | None,
     plots: bool = True,
+    temperature: float = 0.0,
 ) -> dict[str, Any]:
-    """Write results.json (atomically), then summary.md and plots from it alone."""
-    from harness.analysis import comparisons
-    from harness.report import render
+    """Derive every number once (:func:`harness.derived.analyze`), write results.json
+    (atomically), then summary.md and plots from it alone."""
+    from harness.derived import analyze
+    from harness.markdown import render
     from harness.stats import summarize
 
     results = {
@@ -392,7 +402,12 @@ def finalize(
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "status": status,
         "environment": environment(),
-        "config": {**plan.to_json(), "min_effect": min_effect, "goodput": goodput},
+        "config": {
+            **plan.to_json(),
+            "min_effect": min_effect,
+            "goodput": goodput,
+            "temperature": temperature,
+        },
         "workload": {
             "name": workload.name,
             "path": str(workload.path),
@@ -401,9 +416,15 @@ def finalize(
             "fingerprint": workload.fingerprint,
         },
         "runs": [r.to_json(summarize(r.records, goodput)) for r in runs],
-        "comparisons": comparisons(runs, min_effect=min_effect, seed=plan.seed),
     }
-    results["speed_of_light"] = _speed_of_light(plan, runs)
+    results |= analyze(
+        runs,
+        min_effect=min_effect,
+        seed=plan.seed,
+        temperature=temperature,
+        goodput=goodput,
+        bound=_speed_of_light(plan, runs),
+    )
     atomic_write(out / "results.json", json.dumps(results, indent=1))
     md = render(results)
     if plots:

@@ -345,9 +345,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] in ("report", "compare", "models"):
-            from harness import views
+            from harness import commands
 
-            return views.main(argv)
+            return commands.main(argv)
         args = build_parser().parse_args(argv)
         from harness.app import run_main
 

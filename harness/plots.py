@@ -1,4 +1,5 @@
-"""PNG plots drawn from results.json alone; returns the markdown that links them."""
+"""PNG plots drawn from results.json alone (the raw records for distributions, the stored
+analysis for everything derived); returns the markdown that links them."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from harness.analysis import group_runs
-from harness.report import _spec
 from harness.results import Run
 
 
@@ -86,13 +86,13 @@ def draw(results: Mapping[str, Any], out: Path) -> str:
     fig, ax = plt.subplots(figsize=(6, 4))
     drawn = False
     seen = set()
-    for (engine, label, *_), rs in groups.items():
-        sp = _spec(rs)
-        if not sp or not sp["acceptance_per_pos"] or (engine, label) in seen:
+    for row in results.get("rows", []):
+        sp = row.get("spec")
+        if not sp or not sp["acceptance_per_pos"] or row["name"] in seen:
             continue
-        seen.add((engine, label))
+        seen.add(row["name"])
         pos = sp["acceptance_per_pos"]
-        ax.plot(range(1, len(pos) + 1), pos, marker="o", label=f"{engine}/{label}")
+        ax.plot(range(1, len(pos) + 1), pos, marker="o", label=row["name"])
         drawn = True
     if drawn:
         ax.set_xlabel("draft position")

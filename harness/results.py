@@ -16,7 +16,7 @@ from typing import Any
 
 from harness.records import RequestRecord
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the derived analysis is stored (harness/derived.py)
 
 
 @dataclass(frozen=True)

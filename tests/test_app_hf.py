@@ -56,7 +56,7 @@ def hf_run(tmp_path_factory, embedded_pair):
 def test_results_json_has_the_schema(hf_run):
     out, proc = hf_run
     res = json.loads((out / "results.json").read_text())
-    assert res["schema_version"] == 1 and res["status"] == "complete"
+    assert res["schema_version"] == 2 and res["status"] == "complete"
     for key in ("python", "torch", "transformers", "vllm"):
         assert key in res["environment"]
     labels = {r["label"] for r in res["runs"]}
@@ -104,7 +104,7 @@ def test_results_json_has_the_schema(hf_run):
         # 2 repeats: an estimate, but too few for a t-interval (tests/test_stats.py has CIs)
         assert c["estimate"] > 0 and c["n"] == 2 and c["method"]
         assert c["lo"] is None and c["verdict"] == "n/a (n too small)"
-        assert c["lossless"]["compared"] == 4
+        assert res["lossless"][c["lossless"]]["compared"] == 4
 
 
 def test_summary_is_printed_and_report_rebuilds_it(hf_run):
@@ -117,6 +117,17 @@ def test_summary_is_printed_and_report_rebuilds_it(hf_run):
     assert again.stdout.strip() == summary.split("## Plots")[0].strip()
     for png in ("latency_cdf.png", "acceptance_by_position.png"):
         assert (out / png).stat().st_size > 1000 and f"({png})" in summary
+
+
+def test_every_number_of_the_real_summary_is_in_results_json(hf_run):
+    from tests.test_markdown import check_summary
+
+    out, _ = hf_run
+    res = json.loads((out / "results.json").read_text())
+    assert check_summary((out / "summary.md").read_text(), res) > 50
+    passes = [t["tokens_per_target_pass"] for t in res["theory"]]
+    assert len(passes) == 2 and all(p > 1 for p in passes)  # HF counts its target passes
+    assert {t["c_source"] for t in res["theory"]} == {"step times"}
 
 
 def test_compare_two_files_and_refuse_different_prompts(hf_run, tmp_path):

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cli import UsageError, _Parser
+from harness.results import SCHEMA_VERSION
 
 
 def load_results(path: str) -> dict[str, Any]:
@@ -23,11 +24,54 @@ def load_results(path: str) -> dict[str, Any]:
         raise UsageError(f"{p}: not a results file (invalid JSON: {exc})") from None
     if not isinstance(data, dict) or "schema_version" not in data or "runs" not in data:
         raise UsageError(f"{p}: not a results file (no schema_version/runs)")
+    version = data["schema_version"]
+    if version == 1:  # before the analysis was stored: derive it once, here, from the runs
+        return upgrade(data)
+    if version != SCHEMA_VERSION:
+        raise UsageError(
+            f"{p}: results schema {version!r}; this version reads 1 and {SCHEMA_VERSION}"
+        )
     return data
 
 
+def upgrade(data: dict[str, Any]) -> dict[str, Any]:
+    """A schema-1 file (runs and comparisons, no stored analysis) with the analysis derived
+    from its runs. Its temperature is read from the recorded command line (default 0)."""
+    from harness.derived import KEYS, analyze
+    from harness.results import Run
+
+    config = data.get("config") or {}
+    runs = [Run.from_json(r) for r in data["runs"]]
+    bound = data.get("speed_of_light")
+    derived = analyze(
+        runs,
+        min_effect=config.get("min_effect", 0.02),
+        seed=config.get("seed", 0),
+        temperature=config.get("temperature", _argv_temperature(data)),
+        goodput=config.get("goodput"),
+        bound=bound,
+    )
+    rest = {k: v for k, v in data.items() if k not in KEYS}
+    return {**rest, **derived, "schema_version": SCHEMA_VERSION, "upgraded_from": 1}
+
+
+def _argv_temperature(data: dict[str, Any]) -> float | None:
+    """--temperature from the recorded command line: 0 (the default) when absent."""
+    argv = [str(a) for a in (data.get("environment") or {}).get("argv") or []]
+    for i, a in enumerate(argv):
+        value = a.split("=", 1)[1] if a.startswith("--temperature=") else None
+        if a == "--temperature" and i + 1 < len(argv):
+            value = argv[i + 1]
+        if value is not None:
+            try:
+                return float(value)
+            except ValueError:
+                return None
+    return 0.0 if argv else None
+
+
 def report(argv: Sequence[str]) -> int:
-    from harness.report import render
+    from harness.markdown import render
 
     p = _Parser(prog="python -m harness report")
     p.add_argument("results", help="results.json (or the directory holding it)")
@@ -42,8 +86,8 @@ def report(argv: Sequence[str]) -> int:
 
 def compare(argv: Sequence[str]) -> int:
     """Runs of several results files side by side: every file's runs joined, then compared."""
-    from harness.analysis import comparisons
-    from harness.report import render
+    from harness.derived import KEYS, analyze
+    from harness.markdown import render
     from harness.results import Run
 
     p = _Parser(prog="python -m harness compare")
@@ -69,12 +113,18 @@ def compare(argv: Sequence[str]) -> int:
         for r in f["runs"]:
             runs_json.append({**r, "engine": f"{r['engine']}@{tag}"})
     runs = [Run.from_json(r) for r in runs_json]
-    merged = {
-        **files[0],
-        "runs": runs_json,
-        "comparisons": comparisons(runs, min_effect=args.min_effect),
-    }
-    print(render(merged))
+    config = files[0].get("config") or {}
+    temps = {f.get("config", {}).get("temperature") for f in files}
+    derived = analyze(
+        runs,
+        min_effect=args.min_effect,
+        seed=config.get("seed", 0),
+        temperature=temps.pop() if len(temps) == 1 else None,
+        goodput=config.get("goodput"),
+        bound={k: v for k, v in (files[0].get("speed_of_light") or {}).items() if k != "reached"},
+    )
+    rest = {k: v for k, v in files[0].items() if k not in KEYS and k != "upgraded_from"}
+    print(render({**rest, "runs": runs_json, **derived}))
     return 0
 
 

@@ -1,0 +1,147 @@
+"""summary.md from results.json: formats the stored analysis (:mod:`harness.derived`) through the
+column registry (:mod:`harness.columns`); computes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tabulate import tabulate
+
+from harness.columns import (
+    COMPARISONS,
+    MAIN,
+    METRIC_LABEL,
+    THEORY,
+    Column,
+    Line,
+    ci_text,
+    load_label,
+    method_tag,
+)
+
+FOOTNOTE = (
+    "Times are medians over all counted requests of all repeats; out tok/s is the median over "
+    "repeats of (output tokens / run wall time). Speedups are candidate over baseline (>1 = "
+    "better) with a 95% CI, its n (the units paired) and its method; acceptance rate = "
+    "accepted / drafted tokens (vLLM's definition), alpha = acceptance at draft position 1, "
+    "mean acc len (vLLM) = 1 + accepted / drafts (counts only passes that drafted), tok/target "
+    "pass = output tokens / target forward passes (every pass, measured)."
+)
+
+THEORY_NOTE = (
+    "Leviathan et al. (2023): E = (1 - alpha^(gamma+1)) / (1 - alpha) tokens per target pass; "
+    "predicted speedup = E / (gamma*c + 1), c = draft step cost / target step cost. c from "
+    "step times = (seconds per target pass of the speculative run / seconds per token of the "
+    "baseline - 1) / gamma: drafting (model or n-gram lookup) and verification as they ran; "
+    "bare forwards = one draft forward / one target forward, without the round's overhead. "
+    "Best gamma only where the cost model has a finite optimum."
+)
+
+
+def table(columns: Sequence[Column], lines: Sequence[Line], metric: str = "output_tok_s") -> str:
+    headers = [c.header.format(metric=METRIC_LABEL.get(metric, metric)) for c in columns]
+    rows = [[c.fmt(c.get(x)) for c in columns] for x in lines]
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def _at(items: Sequence[Mapping[str, Any]] | None, i: int | None) -> Mapping[str, Any] | None:
+    return None if i is None or items is None else items[i]
+
+
+def render(results: Mapping[str, Any]) -> str:
+    comps, checks = results.get("comparisons") or [], results.get("lossless") or []
+    lines = [f"# Harness results ({results.get('created', '')})", ""]
+    env, wl = results.get("environment", {}), results.get("workload", {})
+    lines.append(
+        f"Machine: {env.get('processor', '?')}, {env.get('cpu_count', '?')} CPUs"
+        + (f", GPU {env['gpu']}" if env.get("gpu") else "")
+        + f"; torch {env.get('torch') or 'n/a'}, transformers {env.get('transformers') or 'n/a'}, "
+        f"vllm {env.get('vllm') or 'n/a'}. Workload: {wl.get('name', '?')} "
+        f"({wl.get('num_requests', '?')} prompts)."
+    )
+    if results.get("upgraded_from"):
+        lines += ["", f"(A schema {results['upgraded_from']} file: derived numbers recomputed.)"]
+    if results.get("status") not in (None, "complete"):
+        lines += ["", f"**Run {results['status']}**: partial results."]
+    points: dict[str, list[Mapping[str, Any]]] = {}
+    for row in results.get("rows", []):
+        points.setdefault(row["point"], []).append(row)
+    not_run = results.get("not_run") or []
+    sol = results.get("speed_of_light")
+    for point, rows in points.items():
+        first = rows[0]
+        lines += [
+            "",
+            f"## {first['mode']}, {load_label(first['load'])}, max_new_tokens={first['max_new_tokens']}",
+            "",
+        ]
+        view = [
+            Line(r, _at(comps, r.get("comparison")), _at(checks, r.get("lossless"))) for r in rows
+        ]
+        lines.append(table(MAIN, view, first.get("deciding_metric", "output_tok_s")))
+        if sol and first["mode"] == "latency":
+            shares = ", ".join(
+                f"{s['name']} {'n/a' if s['share'] is None else format(s['share'], '.1%')}"
+                for s in sol["reached"]
+                if s["point"] == point
+            )
+            lines.append(
+                f"\nSpeed of light (batch-1 decode reads all {sol['n_params'] / 1e6:.2f}M "
+                f"parameters x {sol['bytes_per_param']} B per token at "
+                f"{sol['bandwidth_bytes_s'] / 1e9:.1f} GB/s): {sol['tok_s']:.0f} tok/s; "
+                f"reached: {shares}."
+            )
+        for n in not_run:
+            if n["point"] == point and n["repeat"] is not None:
+                lines.append(f"\n- {n['name']} repeat {n['repeat']}: {n['status']}")
+    skipped = [
+        n for n in not_run if str(n["status"]).startswith(("unsupported", "failed", "stopped"))
+    ]
+    if skipped:
+        lines += ["", "## Cells not run", ""]
+        lines += [
+            f"- {n['name']}, {n['mode']}, {load_label(n['load'])}: {n['status']}" for n in skipped
+        ]
+    theory = results.get("theory") or []
+    if theory:
+        view = [Line(t, _at(comps, t.get("comparison"))) for t in theory]
+        lines += [
+            "",
+            "## Theory vs measurement (latency mode)",
+            "",
+            THEORY_NOTE,
+            "",
+            table(THEORY, view),
+        ]
+    cross = [crossover_line(x, comps) for x in results.get("crossover") or []]
+    if cross:
+        lines += ["", "## Crossover", "", *[f"- {x}" for x in cross]]
+    if comps:
+        view = [Line(c) for c in comps]
+        lines += ["", "## Paired comparisons", "", table(COMPARISONS, view)]
+    methods = dict.fromkeys(c["method"] for c in comps if c.get("method"))
+    named = "; ".join(f"{method_tag(m)} = {m}" for m in methods)
+    lines += ["", FOOTNOTE + (f" CI methods: {named}." if named else ""), ""]
+    return "\n".join(lines)
+
+
+def crossover_line(x: Mapping[str, Any], comps: Sequence[Mapping[str, Any]]) -> str:
+    c = comps[x["comparison"]]
+    what = (
+        ci_text(c)
+        if c["metric"] == "output_tok_s"
+        else f"{METRIC_LABEL.get(c['metric'], c['metric'])} {ci_text(c)}"
+    )
+    head = f"{x['candidate']} ({x['max_new_tokens']} tok)"
+    unit = x["unit"]
+    if x["kind"] == "pays everywhere":
+        return f"{head}: speculation pays at every {unit} tried (up to {x['at']:g}: {what})."
+    if x["kind"] == "never pays":
+        return (
+            f"{head}: speculation does not pay even at {unit} {x['at']:g} ({what}, {c['verdict']})."
+        )
+    return (
+        f"{head}: speculation pays up to {unit} {x['pays_up_to']:g}; "
+        f"from {x['at']:g} it is {what} ({c['verdict']})."
+    )

@@ -1,0 +1,163 @@
+"""summary.md shows only what results.json holds: every number in every table cell (and in the
+crossover and speed-of-light lines) is found in the stored entry that line formats.
+
+The fixture is the results.json of a real small run (`--engine vllm --spec --mode both
+--num-prompts 4 --max-new-tokens 32 --repeats 2 --warmup 1 --concurrency 4`); the analysis is
+derived again from its raw runs, so the test follows changes to the analysis."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.cli import main
+from harness.columns import ci_text, method_tag
+from harness.derived import analyze
+from harness.markdown import render
+from harness.results import SCHEMA_VERSION, Run
+
+FIXTURE = Path(__file__).resolve().parent / "data" / "results-vllm-small.json"
+NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?")
+SCALES = (1.0, 1e3, 100.0)  # as stored, seconds -> ms, share -> %
+
+
+def numbers(obj: Any) -> Iterator[float]:
+    if isinstance(obj, bool):
+        return
+    if isinstance(obj, (int, float)):
+        yield float(obj)
+    elif isinstance(obj, Mapping):
+        for v in obj.values():
+            yield from numbers(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from numbers(v)
+
+
+def missing(text: str, stored: Sequence[Any], scales: Sequence[float] = SCALES) -> list[str]:
+    """The numbers in ``text`` that no stored value formats to (same digits, some scale)."""
+    values = [v for obj in stored for v in numbers(obj)]
+    out = []
+    for token in NUMBER.findall(text):
+        digits = len(token.split(".")[1]) if "." in token else 0
+        if not any(f"{v * s:.{digits}f}" == token for v in values for s in scales):
+            out.append(token)
+    return out
+
+
+def tables(md: str) -> list[tuple[str, list[list[str]]]]:
+    """(heading, body rows) of every markdown table."""
+    out: list[tuple[str, list[list[str]]]] = []
+    heading, rows, in_table = "", [], False
+    for line in md.splitlines() + [""]:
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if not in_table:
+                in_table, rows = True, []
+            elif not set(line) <= set("|-: "):
+                rows.append(cells)
+            continue
+        if in_table:
+            out.append((heading, rows))
+            in_table = False
+        if line.startswith("## "):
+            heading = line[3:]
+    return out
+
+
+def check_summary(md: str, res: Mapping[str, Any]) -> int:
+    """Walk every table line and the crossover and speed-of-light lines; return how many
+    numbers were checked."""
+    comps, checks = res["comparisons"], res["lossless"]
+    at = lambda items, i: [] if i is None else [items[i]]  # noqa: E731
+    points = list(dict.fromkeys(r["point"] for r in res["rows"]))
+    found = 0
+    main = iter(points)
+    for heading, rows in tables(md):
+        if heading.startswith("Theory"):
+            stored = [[t, *at(comps, t["comparison"])] for t in res["theory"]]
+        elif heading.startswith("Paired comparisons"):
+            stored = [[c] for c in comps]
+        else:
+            point = next(main)
+            entries = [r for r in res["rows"] if r["point"] == point]
+            assert [r["name"] for r in entries] == [row[0] for row in rows], heading
+            stored = [[r, *at(comps, r["comparison"]), *at(checks, r["lossless"])] for r in entries]
+        assert len(stored) == len(rows), heading
+        for row, objs in zip(rows, stored):
+            for cell in row:
+                assert not missing(cell, objs), (heading, cell, missing(cell, objs))
+                found += len(NUMBER.findall(cell))
+    assert next(main, None) is None, "a point without its table"
+    bullets = [
+        ln[2:]
+        for ln in md.split("## Crossover")[-1].split("##")[0].splitlines()
+        if ln.startswith("- ")
+    ]
+    if res["crossover"]:
+        assert len(bullets) == len(res["crossover"])
+        for line, x in zip(bullets, res["crossover"]):
+            assert not missing(line, [x, comps[x["comparison"]]]), line
+            found += len(NUMBER.findall(line))
+    for line in md.splitlines():
+        if line.startswith("Speed of light"):
+            assert not missing(line, [res["speed_of_light"]], (1.0, 100.0, 1e-6, 1e-9)), line
+    return found
+
+
+@pytest.fixture(scope="module")
+def derived() -> dict[str, Any]:
+    res = json.loads(FIXTURE.read_text())
+    runs = [Run.from_json(r) for r in res["runs"]]
+    cfg = res["config"]
+    res |= analyze(
+        runs,
+        min_effect=cfg["min_effect"],
+        seed=cfg["seed"],
+        temperature=0.0,
+        bound=res["speed_of_light"],
+    )
+    return res
+
+
+def test_every_number_in_the_summary_is_in_results_json(derived):
+    md = render(json.loads(json.dumps(derived)))  # rendered from what results.json would hold
+    assert md.count("\n## ") >= 4 and "## Theory" in md and "## Crossover" in md
+    assert check_summary(md, derived) > 150
+
+
+def test_every_printed_ci_shows_n_and_method(derived):
+    md = render(derived)
+    cis = re.findall(r"\d+\.\d\dx[^|]*", md)
+    tags = {method_tag(c["method"]) for c in derived["comparisons"]}
+    assert cis and all(re.search(rf" n=\d+ ({'|'.join(tags)})\b", x) for x in cis), cis
+    assert all(
+        f"{method_tag(m)} = {m}" in md for m in {c["method"] for c in derived["comparisons"]}
+    )
+    few = [x for x in cis if "n=2 " in x]  # throughput mode ran 2 repeats: no interval
+    assert few and all("CI n/a (n too small)" in x for x in few)
+    no_ci = {"estimate": 1.23, "lo": None, "hi": None, "n": 2, "method": "t on log ratios"}
+    assert ci_text(no_ci) == "1.23x, CI n/a (n too small) n=2 t"
+
+
+def test_report_reads_the_stored_file_and_refuses_unknown_schemas(tmp_path, derived, capsys):
+    stored = tmp_path / "results.json"
+    stored.write_text(json.dumps({**derived, "schema_version": SCHEMA_VERSION}))
+    assert main(["report", str(stored)]) == 0
+    assert capsys.readouterr().out.strip() == render(derived).strip()
+    old = json.loads(FIXTURE.read_text())
+    old = {k: v for k, v in old.items() if k in ("created", "environment", "config", "workload")}
+    latency = [r for r in json.loads(FIXTURE.read_text())["runs"] if r["mode"] == "latency"]
+    (tmp_path / "v1.json").write_text(json.dumps({**old, "runs": latency, "schema_version": 1}))
+    assert main(["report", str(tmp_path / "v1.json")]) == 0  # derived on reading
+    out = capsys.readouterr().out
+    assert "schema 1 file" in out and "## Theory" in out and "4/4" in out
+    (tmp_path / "v9.json").write_text(json.dumps({**old, "runs": [], "schema_version": 9}))
+    assert main(["report", str(tmp_path / "v9.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "schema 9" in err
