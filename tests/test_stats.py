@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
-from harness.report import _pooled
 
 from harness.analysis import compare_groups, comparisons, precise_enough
+from harness.pooled import pooled
 from harness.records import RequestRecord
 from harness.results import Cell, Run
 from harness.stats import compare_log_ratios, distribution, median, summarize, verdict
@@ -147,7 +147,7 @@ def test_median_of_an_even_count_is_the_true_median():
     rng = np.random.default_rng(2)
     runs = [_run(_records(rng, s), "baseline", r) for r, s in enumerate([1.0, 1.0, 2.0, 2.0])]
     per_rep = [summarize(r.records)["output_tok_s"] for r in runs]
-    assert _pooled(runs)["output_tok_s"] == pytest.approx(float(np.median(per_rep)))
+    assert pooled(runs)["summary"]["output_tok_s"] == pytest.approx(float(np.median(per_rep)))
 
 
 def test_distribution_and_missing_values():
