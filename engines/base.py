@@ -189,6 +189,8 @@ REGISTRY: dict[str, str] = {
     "vllm": "engines.vllm:VLLMEngine",
     "openai": "engines.openai:OpenAIEngine",
     "vllm-server": "engines.vllm_server:VLLMServerEngine",
+    "transformers-server": "engines.transformers_server:TransformersServerEngine",
+    "transformers-server-cb": "engines.transformers_server:TransformersServerCBEngine",
 }
 
 SPEC_METHODS = ("draft_model", "ngram", "eagle", "eagle3", "mtp", "suffix")

@@ -173,7 +173,7 @@ class OpenAIEngine:
                     raise EngineError(
                         f"{e}; pass --served-model NAME to skip the listing"
                     ) from None
-                self._warn(f"{e}; requesting --served-model {self.served_model!r}")
+                self._warn(f"{e}; requesting {self.served_model!r} by name")
                 continue
             served = listed if served is None else served
         if self.served_model is None:

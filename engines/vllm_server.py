@@ -128,6 +128,7 @@ class VLLMServerEngine:
 
     name: ClassVar[str] = "vllm-server"
     spec_methods: ClassVar[tuple[str, ...]] = SPEC_METHODS
+    managed: ClassVar[bool] = True  # the harness starts the server (its log goes with results)
 
     def __init__(self, config: EngineConfig) -> None:
         self.validate(config)
@@ -148,13 +149,13 @@ class VLLMServerEngine:
         known = set(OPTIONS) | set(OPENAI_PASSTHROUGH)
         unknown = sorted(set(config.options) - known)
         if unknown:
-            raise EngineError(f"vllm-server: unknown options {unknown}; known: {sorted(known)}")
+            raise EngineError(f"{cls.name}: unknown options {unknown}; known: {sorted(known)}")
         for key in ("start_timeout", "kill_grace"):
             value = config.options.get(key, 1)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise EngineError(f"vllm-server: option {key} must be a positive number")
+                raise EngineError(f"{cls.name}: option {key} must be a positive number")
         if any(not isinstance(k, str) for k in config.engine_args):
-            raise EngineError("vllm-server: engine_args keys must be strings")
+            raise EngineError(f"{cls.name}: engine_args keys must be strings")
         if config.spec_config is not None:
             method = config.spec_config.get("method")
             if method not in SPEC_METHODS:
@@ -162,12 +163,17 @@ class VLLMServerEngine:
             check_schedule(config.spec_config, "vllm-server")
         OpenAIEngine.validate(cls._inner_config(config, "http://127.0.0.1:1/v1"))
 
-    async def start(self) -> None:
+    def _env(self) -> dict[str, str]:
+        """The server's environment: the version shim, Intel OpenMP on CPU."""
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (VERSION_SHIM, env.get("PYTHONPATH")) if p)
         iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
         if self.cpu and iomp.exists() and "libiomp5" not in env.get("LD_PRELOAD", ""):
             env["LD_PRELOAD"] = os.pathsep.join(p for p in (str(iomp), env.get("LD_PRELOAD")) if p)
+        return env
+
+    async def start(self) -> None:
+        env = self._env()
         if self.log_path is None:
             self.log_path = self._temp_log()
         Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
@@ -191,7 +197,7 @@ class VLLMServerEngine:
         except asyncio.TimeoutError:
             await self.close()
             raise EngineError(
-                f"vllm-server: not healthy after {self.start_timeout:g} s (log: {self.log_path}):"
+                f"{self.name}: not healthy after {self.start_timeout:g} s (log: {self.log_path}):"
                 f"\n{tail(self.log_path)}"
             ) from None
         except BaseException:
@@ -217,7 +223,7 @@ class VLLMServerEngine:
         self, request: Request, params: GenParams, clock: Clock | None = None
     ) -> AsyncIterator[Chunk]:
         if self.inner is None:
-            raise RuntimeError("vllm-server: stream() before start()")
+            raise RuntimeError(f"{self.name}: stream() before start()")
         return self.inner.stream(request, params, clock)
 
     async def close(self) -> None:
@@ -283,12 +289,12 @@ class VLLMServerEngine:
         args.update(cfg.engine_args)
         for reserved in ("host", "port", "model"):
             if reserved in args:
-                raise EngineError(f"vllm-server: engine_args.{reserved} is set by the harness")
+                raise EngineError(f"{self.name}: engine_args.{reserved} is set by the harness")
         serve = [python, "-m", "vllm.entrypoints.cli.main", "serve", cfg.model]
         return serve + ["--host", "127.0.0.1", "--port", str(self.port), *to_flags(args)]
 
     def _temp_log(self) -> str:
-        fd, path = tempfile.mkstemp(prefix="vllm-server-", suffix=".log")
+        fd, path = tempfile.mkstemp(prefix=f"{self.name}-", suffix=".log")
         os.close(fd)
         return path
 
@@ -301,7 +307,7 @@ class VLLMServerEngine:
                 code = self.proc.poll()
                 if code is not None:
                     raise EngineError(
-                        f"vllm-server: the server exited with code {code} (log: {self.log_path}):"
+                        f"{self.name}: the server exited with code {code} (log: {self.log_path}):"
                         f"\n{tail(self.log_path)}"
                     )
                 with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):

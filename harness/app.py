@@ -59,7 +59,9 @@ def build_plan(args: argparse.Namespace, model: str, draft: str | None) -> RunPl
     if any(e in ("openai",) for e in engines) and not args.base_url:
         raise UsageError("--engine openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
     if args.base_url and not any(e == "openai" for e in engines):
-        raise UsageError("--base-url is for --engine openai (vllm-server starts its own server)")
+        raise UsageError(
+            "--base-url is for --engine openai (vllm-server and transformers-server start their own)"
+        )
     http = {
         "request_timeout": args.request_timeout,
         "max_concurrency": max(args.concurrency or [16]),
@@ -74,10 +76,10 @@ def build_plan(args: argparse.Namespace, model: str, draft: str | None) -> RunPl
     ):
         if value is not None:
             openai[key] = value
-    options = {
-        "openai": openai,
-        "vllm-server": {**http, "start_timeout": args.server_start_timeout},
-    }
+    options: dict[str, dict[str, Any]] = {"openai": openai}
+    for e in engines:  # servers the harness starts itself
+        if getattr(engine_class(e), "managed", False):
+            options[e] = {**http, "start_timeout": args.server_start_timeout}
     return RunPlan(
         engines=engines,
         model=model,
@@ -262,9 +264,9 @@ async def _execute(args, plan, configs, workload, out: Path, goodput) -> int:
     configs = [  # a managed server's log is saved beside the results
         (
             label,
-            replace(c, options={**c.options, "log_path": str(out / f"vllm-server-{label}.log")}),
+            replace(c, options={**c.options, "log_path": str(out / f"{c.engine}-{label}.log")}),
         )
-        if c.engine == "vllm-server"
+        if getattr(engine_class(c.engine), "managed", False)
         else (label, c)
         for label, c in configs
     ]

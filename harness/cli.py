@@ -114,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--engine",
         default="vllm",
-        help="engine(s), comma-separated: hf, vllm, openai, vllm-server (default: vllm)",
+        help="engine(s), comma-separated: hf, vllm, openai, vllm-server, transformers-server, "
+        "transformers-server-cb (default: vllm)",
     )
     g.add_argument(
         "--model",
@@ -302,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--no-plots", action="store_true", help="do not draw PNG plots")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
-    h = p.add_argument_group("HTTP engines (openai, vllm-server)")
+    h = p.add_argument_group("HTTP engines (openai and the servers the harness starts)")
     h.add_argument(
         "--base-url",
         nargs="+",
@@ -336,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--server-start-timeout",
         type=positive_float,
         default=600.0,
-        help="vllm-server: seconds to wait for /health",
+        help="vllm-server, transformers-server: seconds to wait for /health",
     )
     return p
 

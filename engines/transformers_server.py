@@ -1,0 +1,69 @@
+"""``transformers serve`` (Hugging Face's OpenAI-compatible server), started and stopped by the
+harness and driven over HTTP like any server: a second real server beside ``vllm serve``.
+
+Process handling is :class:`engines.vllm_server.VLLMServerEngine`'s (own process group on
+127.0.0.1 and a free port, a log file, ``/health``, SIGTERM then SIGKILL); only the command line
+and the environment differ. Without continuous batching the server generates one request at a
+time on one thread; ``transformers-server-cb`` passes ``--continuous-batching`` (paged attention,
+requests batched as they arrive). Its stream ends with a ``finish_reason`` + ``usage`` chunk and
+no ``[DONE]``; its ``/v1/models`` scans the Hugging Face cache (500 when there is none), so the
+model is always requested by name. No ``/metrics``: no speculative counters, no load gauges.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from engines.base import EngineConfig, EngineError
+from engines.vllm_server import VLLMServerEngine, to_flags
+
+RESERVED = ("host", "port", "force_model", "model")
+
+
+class TransformersServerEngine(VLLMServerEngine):
+    """Starts ``transformers serve MODEL`` and streams from it over HTTP."""
+
+    name: ClassVar[str] = "transformers-server"
+    spec_methods: ClassVar[tuple[str, ...]] = ()
+    continuous_batching: ClassVar[bool] = False
+
+    @classmethod
+    def validate(cls, config: EngineConfig) -> None:
+        if config.spec_config is not None:
+            raise EngineError(f"{cls.name}: transformers serve runs no speculative method")
+        super().validate(config)
+
+    def _env(self) -> dict[str, str]:
+        env = super()._env()  # the shim only names vLLM's version; Intel OpenMP helps torch too
+        env.setdefault("HF_HUB_DISABLE_UPDATE_CHECK", "1")  # no PyPI query at start-up
+        return env
+
+    @staticmethod
+    def _inner_config(config: EngineConfig, base_url: str) -> EngineConfig:
+        inner = VLLMServerEngine._inner_config(config, base_url)
+        # the server answers whatever name is asked (it serves the forced model), and its
+        # /v1/models lists the cache, not that model: request it by the name it was given
+        opts = {**inner.options, "served_model": config.model, "vllm_extras": False}
+        return EngineConfig(engine="openai", model=config.model, seed=config.seed, options=opts)
+
+    def _argv(self, python: str) -> list[str]:
+        cfg = self.config
+        args: dict[str, Any] = {
+            "device": "cpu" if self.cpu else cfg.device,
+            "dtype": cfg.dtype,
+            "default_seed": cfg.seed,
+            "continuous_batching": self.continuous_batching,
+        }
+        args.update(cfg.engine_args)
+        for reserved in RESERVED:
+            if reserved in args:
+                raise EngineError(f"{self.name}: engine_args.{reserved} is set by the harness")
+        serve = [python, "-m", "transformers.cli.transformers", "serve", cfg.model]
+        return serve + ["--host", "127.0.0.1", "--port", str(self.port), *to_flags(args)]
+
+
+class TransformersServerCBEngine(TransformersServerEngine):
+    """``transformers serve --continuous-batching``."""
+
+    name: ClassVar[str] = "transformers-server-cb"
+    continuous_batching: ClassVar[bool] = True

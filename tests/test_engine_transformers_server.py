@@ -1,0 +1,124 @@
+"""A second real server: ``transformers serve`` started by TransformersServerEngine on the embedded
+target, over loopback, driven by the plain ``openai`` engine through the runner.
+
+One server for the module. Its ``/v1/models`` answers 500 here for real (the Hugging Face cache
+directory it scans is pointed at a path that does not exist), so every test also runs "with the
+model listing failing and the model named".
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from engines.base import EngineConfig, EngineError, GenParams
+from engines.openai import OpenAIEngine
+from engines.transformers_server import TransformersServerCBEngine, TransformersServerEngine
+from harness.load import Concurrent, Synchronous
+from harness.runner import Runner
+from workloads.base import Request
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "import os\nimport sys\n\n",
+    "class Point:\n    def __init__(self, x, y):\n",
+    "for i in range(10):\n",
+]
+N = 8
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    lp = asyncio.new_event_loop()
+    yield lp
+    lp.close()
+
+
+@pytest.fixture(scope="module")
+def server(
+    loop: asyncio.AbstractEventLoop,
+    tmp_path_factory: pytest.TempPathFactory,
+    embedded_pair: tuple[str, str],
+) -> Iterator[TransformersServerEngine]:
+    tmp = tmp_path_factory.mktemp("ts")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HF_HUB_CACHE", str(tmp / "no-cache-here"))  # -> /v1/models answers 500
+    cfg = EngineConfig(
+        engine="transformers-server",
+        model=embedded_pair[0],
+        dtype="float32",
+        options={"log_path": str(tmp / "server.log"), "start_timeout": 240},
+    )
+    eng = TransformersServerEngine(cfg)
+    loop.run_until_complete(eng.start())
+    mp.undo()
+    yield eng
+    loop.run_until_complete(eng.close())
+    assert eng.proc is None
+
+
+def _openai(server: TransformersServerEngine, **options: Any) -> OpenAIEngine:
+    opts = {"base_urls": [server.base_url], "max_concurrency": 4, **options}
+    return OpenAIEngine(EngineConfig(engine="openai", model=server.config.model, options=opts))
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+@pytest.mark.parametrize("mode", ["latency", "throughput"])
+def test_every_request_ok_with_the_servers_token_counts(
+    loop: asyncio.AbstractEventLoop, server: TransformersServerEngine, endpoint: str, mode: str
+) -> None:
+    engine = _openai(server, endpoint=endpoint, served_model=server.config.model)
+    strategy = Synchronous() if mode == "latency" else Concurrent(4)
+    reqs = [Request(id=f"r{i}", prompt=p) for i, p in enumerate(PROMPTS)]
+
+    async def main() -> list[Any]:
+        await engine.start()
+        try:
+            return await Runner(engine).run(reqs, GenParams(max_new_tokens=N), strategy)
+        finally:
+            await engine.close()
+
+    records = loop.run_until_complete(main())
+    assert [r.error for r in records] == [None] * len(PROMPTS)
+    for r in records:
+        assert r.ok and r.ttft is not None and r.ttft > 0
+        # the record counts what the server's usage says; each text event carried >= 1 token
+        assert r.usage_output_tokens is not None and 0 < r.output_tokens <= N
+        assert r.output_tokens == r.usage_output_tokens >= sum(r.chunk_tokens)
+        assert r.info["stream_end"] == "finish_reason, close"  # this server sends no [DONE]
+        assert r.info["output_tokens_from"] == "server usage"
+        assert r.chunk_times[0] > r.t_send and r.output_text
+    warnings = engine.describe()["warnings"]
+    assert len(warnings) == 1 and "models answered 500" in warnings[0]
+
+
+def test_failing_listing_without_a_model_name_says_what_to_pass(
+    loop: asyncio.AbstractEventLoop, server: TransformersServerEngine
+) -> None:
+    with pytest.raises(EngineError, match="answered 500.*pass --served-model"):
+        loop.run_until_complete(_openai(server).start())
+
+
+def test_managed_engine_describes_what_ran(server: TransformersServerEngine) -> None:
+    info = server.describe()
+    assert info["argv"][2:5] == ["transformers.cli.transformers", "serve", server.config.model]
+    assert "--no-continuous-batching" in info["argv"] and info["served_model"]
+
+
+def test_argv_and_validation(embedded_pair: tuple[str, str]) -> None:
+    cb = TransformersServerCBEngine(
+        EngineConfig(engine="transformers-server-cb", model=embedded_pair[0], device="cpu")
+    )
+    assert "--continuous-batching" in cb.argv and "--device" in cb.argv
+    spec = EngineConfig(engine="transformers-server", model="m", spec_config={"method": "ngram"})
+    with pytest.raises(EngineError, match="no speculative method"):
+        TransformersServerEngine.validate(spec)
+    with pytest.raises(EngineError, match="engine_args.port is set by the harness"):
+        TransformersServerEngine(
+            EngineConfig(engine="transformers-server", model="m", engine_args={"port": 1})
+        )
