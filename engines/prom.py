@@ -1,4 +1,5 @@
-"""Prometheus ``/metrics`` of an OpenAI-compatible server -> speculative counters and load gauges.
+"""Prometheus ``/metrics`` of an OpenAI-compatible server -> speculative counters, load gauges
+and the server's own latency histograms (sum and count: a delta gives the mean over a run).
 
 Parses vLLM's exposition text with ``prometheus_client``'s parser. Counters are summed over every
 label set (engines, models) and over replicas; the runner takes deltas between snapshots.
@@ -6,8 +7,8 @@ label set (engines, models) and over replicas; the runner takes deltas between s
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -18,6 +19,12 @@ SPEC_PREFIX = "vllm:spec_decode_"
 _COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 _PER_POS = "num_accepted_tokens_per_pos"
 _GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+# the server's own view of latency: vLLM's histograms, by short name
+HISTOGRAMS = {
+    "vllm:inter_token_latency_seconds": "itl",
+    "vllm:time_to_first_token_seconds": "ttft",
+    "vllm:e2e_request_latency_seconds": "e2e",
+}
 
 
 @dataclass(frozen=True)
@@ -27,6 +34,7 @@ class Scrape:
     spec: SpecCounters | None
     running: float | None
     waiting: float | None
+    hist: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # name -> (sum, count)
 
 
 def _base(name: str) -> str:
@@ -41,11 +49,16 @@ def parse_metrics(text: str) -> Scrape:
     totals: dict[str, float] = {}
     per_pos: dict[int, float] = {}
     gauges: dict[str, float] = {}
+    hist: dict[str, list[float]] = {}
     seen_spec = False
     for family in text_string_to_metric_families(text):
+        short = HISTOGRAMS.get(family.name)
         for s in family.samples:
             if s.name.endswith("_created"):
                 continue
+            if short is not None and s.name.endswith(("_sum", "_count")):
+                acc = hist.setdefault(short, [0.0, 0.0])
+                acc[s.name.endswith("_count")] += s.value
             name = _base(s.name)
             if name in _GAUGES:
                 gauges[name] = gauges.get(name, 0.0) + s.value
@@ -72,6 +85,7 @@ def parse_metrics(text: str) -> Scrape:
         spec=spec,
         running=gauges.get("vllm:num_requests_running"),
         waiting=gauges.get("vllm:num_requests_waiting"),
+        hist={k: (v[0], v[1]) for k, v in hist.items()},
     )
 
 
@@ -93,14 +107,18 @@ def combine(scrapes: Iterable[Scrape]) -> Scrape:
     spec: SpecCounters | None = None
     running: float | None = None
     waiting: float | None = None
+    hist: dict[str, tuple[float, float]] = {}
     for s in scrapes:
+        for k, (total, n) in s.hist.items():
+            t0, n0 = hist.get(k, (0.0, 0.0))
+            hist[k] = (t0 + total, n0 + n)
         if s.spec is not None:
             spec = s.spec if spec is None else add(spec, s.spec)
         if s.running is not None:
             running = (running or 0.0) + s.running
         if s.waiting is not None:
             waiting = (waiting or 0.0) + s.waiting
-    return Scrape(spec, running, waiting)
+    return Scrape(spec, running, waiting, hist)
 
 
 async def scrape(
@@ -112,3 +130,13 @@ async def scrape(
             return Scrape(None, None, None)
         resp.raise_for_status()
         return parse_metrics(await resp.text())
+
+
+def mean_between(before: Scrape, after: Scrape, name: str) -> float | None:
+    """The server's mean of histogram ``name`` ("itl", "ttft", "e2e") over what happened between
+    two scrapes (None when it observed nothing or does not expose it)."""
+    if name not in before.hist or name not in after.hist:
+        return None
+    total = after.hist[name][0] - before.hist[name][0]
+    n = after.hist[name][1] - before.hist[name][1]
+    return total / n if n > 0 else None

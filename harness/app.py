@@ -282,6 +282,7 @@ async def _execute(args, plan, configs, workload, out: Path, goodput) -> int:
         interleave=not args.sequential,
         temperature=args.temperature,
         ignore_eos=args.ignore_eos,
+        sample_load_s=args.sample_server_load,
     )
     session.runs.extend(r for r in previous if r.cell.key in done)
     loop = asyncio.get_running_loop()

@@ -334,6 +334,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds before a request is recorded as timed out",
     )
     h.add_argument(
+        "--sample-server-load",
+        type=positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="sample the server's running/waiting gauges from /metrics every SECONDS during each "
+        "run (default: off, counters are read at each run's start and end only: every scrape "
+        "costs the server a /metrics render while it is measured)",
+    )
+    h.add_argument(
         "--server-start-timeout",
         type=positive_float,
         default=600.0,

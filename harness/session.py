@@ -64,6 +64,7 @@ class Session:
     runs: list[Run] = field(default_factory=list)
     engine_factory: Callable[[EngineConfig], Engine] | None = None
     interleave: bool = True
+    sample_load_s: float | None = None  # sample server gauges this often during runs (opt-in)
 
     def __post_init__(self) -> None:
         if not self.plan.lengths_from_workload:  # an explicit --max-new-tokens wins
@@ -201,7 +202,7 @@ class Session:
             if warmup and self.plan.warmup:
                 await runner.run(self.requests[: self.plan.warmup], params, p.strategy, warmup=True)
             before = await _counters(engine)
-            sampler = _LoadSampler(engine)
+            sampler = _LoadSampler(engine, self.sample_load_s)
             async with sampler:
                 await runner.run(self.requests, params, p.strategy)
             after = await _counters(engine)
@@ -256,16 +257,18 @@ async def _counters(engine: Engine) -> Any:
 
 
 class _LoadSampler:
-    """Samples the server's own running/waiting gauges during a run (HTTP engines)."""
+    """Samples the server's own running/waiting gauges during a run (HTTP engines), only when
+    asked: each scrape makes the server render its /metrics page (vLLM: the whole Prometheus
+    text) while it is being measured. Counters are read at the run's start and end anyway."""
 
-    def __init__(self, engine: Engine, every: float = 0.5):
+    def __init__(self, engine: Engine, every: float | None = None):
         self.sample = getattr(engine, "sample_load", None)
         self.every = every
         self.samples: list[dict[str, float]] = []
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> _LoadSampler:
-        if self.sample is not None:
+        if self.sample is not None and self.every:
             self._task = asyncio.ensure_future(self._loop())
         return self
 
@@ -276,6 +279,7 @@ class _LoadSampler:
                 await self._task
 
     async def _loop(self) -> None:
+        assert self.sample is not None and self.every
         while True:
             with contextlib.suppress(Exception):
                 s = await self.sample()
@@ -284,10 +288,11 @@ class _LoadSampler:
             await asyncio.sleep(self.every)
 
     def summary(self) -> dict[str, Any]:
-        if not self.samples:
+        """``{"server_load": {"sample_interval_s": None}}`` when not sampled (engines that could)."""
+        if self.sample is None:
             return {}
-        out: dict[str, Any] = {}
-        for k in self.samples[0]:
+        out: dict[str, Any] = {"sample_interval_s": self.every, "samples": len(self.samples)}
+        for k in self.samples[0] if self.samples else ():
             xs = [s[k] for s in self.samples if s.get(k) is not None]
             if xs:
                 out[f"server_{k}_peak"] = max(xs)

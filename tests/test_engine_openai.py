@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from engines import prom
 from engines.base import Chunk, EngineConfig, EngineError, GenParams, SpecCounters
 from engines.openai import OpenAIEngine
 from engines.prom import parse_metrics
@@ -289,6 +290,31 @@ def test_no_metrics_endpoint_means_no_counters() -> None:
         assert load == {"num_requests_running": None, "num_requests_waiting": None}
 
     _run(Behaviour(), body)
+
+
+def test_server_latency_histograms_give_means_between_scrapes() -> None:
+    def page(total: float, n: int) -> str:
+        name = "vllm:inter_token_latency_seconds"
+        return "\n".join(
+            [
+                f"# HELP {name} Histogram of inter-token latency in seconds.",
+                f"# TYPE {name} histogram",
+                f'{name}_bucket{{engine="0",le="0.01"}} {n}',
+                f'{name}_bucket{{engine="0",le="+Inf"}} {n}',
+                f'{name}_count{{engine="0"}} {n}',
+                f'{name}_sum{{engine="0"}} {total}',
+                f'{name}_created{{engine="0"}} 1.7e9',
+                "",
+            ]
+        )
+
+    before, after = parse_metrics(page(0.5, 100)), parse_metrics(page(1.7, 300))
+    assert before.hist == {"itl": (0.5, 100.0)}
+    assert prom.mean_between(before, after, "itl") == pytest.approx(1.2 / 200)
+    assert prom.mean_between(before, before, "itl") is None
+    assert prom.mean_between(before, after, "ttft") is None
+    both = prom.combine([after, after])
+    assert both.hist == {"itl": (3.4, 600.0)}
 
 
 def test_parse_metrics_sums_label_sets() -> None:

@@ -93,7 +93,9 @@ def test_baseline_streams_token_ids_and_usage(servers, loop) -> None:
         timed = [c for c in chunks if c.size]
         assert all(c.num_tokens == len(c.token_ids) for c in timed)
         assert len(_ids(chunks)) == N
-        assert chunks[-1].usage_output_tokens == N and chunks[-1].prompt_tokens > 0
+        usage, end = chunks[-2:]  # usage in a chunk of its own, then the ending
+        assert usage.usage_output_tokens == N and usage.prompt_tokens > 0
+        assert end.info == {"stream_end": "[DONE]", "output_tokens_from": "server usage"}
         assert timed[0].info == {"replica": base.base_url}
     d = base.describe()
     assert d["argv"][1:4] == ["-m", "vllm.entrypoints.cli.main", "serve"]
@@ -106,7 +108,7 @@ def test_chat_when_the_tokenizer_has_a_template(servers, loop) -> None:
     assert (Path(servers["target"]) / "chat_template.jinja").exists()  # the embedded pair has one
     req = Request(id="c", messages=({"role": "user", "content": "print hello"},))
     chunks = loop.run_until_complete(_collect(servers["base"], req))
-    assert len(_ids(chunks)) == N == chunks[-1].usage_output_tokens
+    assert len(_ids(chunks)) == N == chunks[-2].usage_output_tokens
 
 
 @pytest.mark.slow

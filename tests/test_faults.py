@@ -185,3 +185,31 @@ def test_engine_that_cannot_start_exits_nonzero(tmp_path, capsys):
     (run,) = json.loads((out / "results.json").read_text())["runs"]
     assert run["summary"]["completed"] == 4
     assert "answered 500" in run["engine_info"]["warnings"][0]
+
+
+def test_server_metrics_read_at_run_edges_unless_sampling_is_asked(tmp_path, capsys):
+    """By default /metrics is read twice per run (counters at start and end), never during it;
+    --sample-server-load S samples the gauges every S seconds and records S."""
+    from tests.fake_server import render_metrics
+
+    scrapes: list[int] = []
+
+    def page() -> str:
+        scrapes.append(1)
+        return render_metrics(running=2)
+
+    slow = Behaviour(tokens=6, delay=0.03)
+    for extra, interval in (((), None), (("--sample-server-load", "0.05"), 0.05)):
+        scrapes.clear()
+        with ServerThread(FakeServer(slow, metrics=page)) as url:
+            code, out = run_harness(tmp_path, url, 8, "--concurrency", "2", *extra)
+        assert code == 0, capsys.readouterr().err
+        (run,) = json.loads((out / "results.json").read_text())["runs"]
+        load = run["extra"]["server_load"]
+        assert load["sample_interval_s"] == interval
+        if interval is None:
+            assert len(scrapes) == 2 and load["samples"] == 0
+        else:  # a run of ~0.8 s sampled every 0.05 s
+            assert load["samples"] >= 3  # a scrape cut by the run's end is not a sample:
+            assert len(scrapes) - 2 - load["samples"] in (0, 1)
+            assert load["server_num_requests_running_peak"] == 2
