@@ -41,18 +41,24 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
     from harness.results import Run
 
     config = data.get("config") or {}
+    config = {"temperature": _argv_temperature(data), **config}
     runs = [Run.from_json(r) for r in data["runs"]]
-    bound = data.get("speed_of_light")
     derived = analyze(
         runs,
         min_effect=config.get("min_effect", 0.02),
         seed=config.get("seed", 0),
-        temperature=config.get("temperature", _argv_temperature(data)),
+        temperature=config["temperature"],
         goodput=config.get("goodput"),
-        bound=bound,
+        bound=data.get("speed_of_light"),
     )
     rest = {k: v for k, v in data.items() if k not in KEYS}
-    return {**rest, **derived, "schema_version": SCHEMA_VERSION, "upgraded_from": 1}
+    return {
+        **rest,
+        **derived,
+        "config": config,
+        "schema_version": SCHEMA_VERSION,
+        "upgraded_from": 1,
+    }
 
 
 def _argv_temperature(data: dict[str, Any]) -> float | None:

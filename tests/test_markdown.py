@@ -2,7 +2,7 @@
 crossover and speed-of-light lines) is found in the stored entry that line formats.
 
 The fixture is the results.json of a real small run (`--engine vllm --spec --mode both
---num-prompts 4 --max-new-tokens 32 --repeats 2 --warmup 1 --concurrency 4`); the analysis is
+--num-prompts 4 --max-new-tokens 32 --repeats 3 --warmup 1 --concurrency 4`); the analysis is
 derived again from its raw runs, so the test follows changes to the analysis."""
 
 from __future__ import annotations
@@ -139,8 +139,10 @@ def test_every_printed_ci_shows_n_and_method(derived):
     assert all(
         f"{method_tag(m)} = {m}" in md for m in {c["method"] for c in derived["comparisons"]}
     )
-    few = [x for x in cis if "n=2 " in x]  # throughput mode ran 2 repeats: no interval
-    assert few and all("CI n/a (n too small)" in x for x in few)
+    two = [Run.from_json(r) for r in derived["runs"] if r["repeat"] < 2]  # too few for a CI
+    md2 = render(analyze(two, min_effect=0.02, temperature=0.0))
+    few = re.findall(r"\d+\.\d\dx[^|]*", md2)
+    assert few and all("CI n/a (n too small) n=2 t" in x for x in few), few
     no_ci = {"estimate": 1.23, "lo": None, "hi": None, "n": 2, "method": "t on log ratios"}
     assert ci_text(no_ci) == "1.23x, CI n/a (n too small) n=2 t"
 
