@@ -114,8 +114,7 @@ def compare(argv: Sequence[str]) -> int:
             f"compare: the files ran different prompt sets ({names}); pass --force to compare anyway"
         )
     runs_json = []
-    for i, (name, f) in enumerate(zip(args.results, files)):
-        tag = Path(name).parent.name or f"file{i}"
+    for tag, f in zip(_tags(args.results), files):
         for r in f["runs"]:
             runs_json.append({**r, "engine": f"{r['engine']}@{tag}"})
     runs = [Run.from_json(r) for r in runs_json]
@@ -132,6 +131,15 @@ def compare(argv: Sequence[str]) -> int:
     rest = {k: v for k, v in files[0].items() if k not in KEYS and k != "upgraded_from"}
     print(render({**rest, "runs": runs_json, **derived}))
     return 0
+
+
+def _tags(paths: Sequence[str]) -> list[str]:
+    """Each file's name in the tables: the directory that holds its results.json (unique)."""
+    dirs = [Path(p) if Path(p).is_dir() else Path(p).parent for p in paths]
+    tags = [d.resolve().name or f"file{i}" for i, d in enumerate(dirs)]
+    if len(set(tags)) < len(tags):
+        tags = [f"{t}#{i}" for i, t in enumerate(tags)]
+    return tags
 
 
 def main(argv: Sequence[str]) -> int:

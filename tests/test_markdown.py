@@ -163,3 +163,13 @@ def test_report_reads_the_stored_file_and_refuses_unknown_schemas(tmp_path, deri
     assert main(["report", str(tmp_path / "v9.json")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "schema 9" in err
+
+
+def test_compare_joins_the_files_runs_and_analyses_them_once(tmp_path, capsys):
+    for tag in ("a", "b"):
+        (tmp_path / tag).mkdir()
+        (tmp_path / tag / "results.json").write_text(FIXTURE.read_text())
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b" / "results.json")]) == 0
+    out = capsys.readouterr().out
+    assert "| vllm@b/ngram vs vllm@a/ngram " in out  # engine vs engine across the files
+    assert "| vllm@a/ngram vs vllm@a/baseline " in out and "n=3 t" in out
