@@ -127,6 +127,10 @@ class EngineConfig:
     seed: int = 0
     engine_args: Mapping[str, Any] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)  # adapter options (base_urls, ...)
+    # engines of one run alive at once on this machine: an engine that reserves memory (vLLM's
+    # GPU budget) takes its share of the default budget
+    share: int = 1
+    prefix_cache: str = "reset"  # "reset" (before each measured run), "off", "keep"
 
     @property
     def variant(self) -> str:

@@ -37,6 +37,10 @@ def build_plan(args: argparse.Namespace, model: str, draft: str | None) -> RunPl
     spec_config = spec_config_arg(args.spec_config)
     if spec_config is not None and "method" not in spec_config:
         raise UsageError('--spec-config: the object needs a "method" key (e.g. "ngram")')
+    if args.aa and (methods or spec_config or args.no_baseline):
+        raise UsageError(
+            "--aa compares the baseline with itself; drop --spec, --spec-config and --no-baseline"
+        )
     if args.no_baseline and not (methods or spec_config):
         raise UsageError("--no-baseline needs --spec or --spec-config: nothing would run")
     if args.spec is not None and args.spec != "all" and "draft_model" in methods and not draft:
@@ -105,6 +109,8 @@ def build_plan(args: argparse.Namespace, model: str, draft: str | None) -> RunPl
         device=args.device,
         engine_args=engine_args,
         options=options,
+        prefix_cache=args.prefix_cache,
+        aa=args.aa,
     )
 
 
@@ -328,6 +334,7 @@ async def _execute(args, plan, configs, workload, out: Path, goodput) -> int:
         status = f"failed: {error}"
     elif session.stop:
         status = f"stopped: {session.stop.reason}"
+    design = session.design_record([f"{c.engine}/{label}" for label, c in configs])
     results = finalize(
         out,
         plan,
@@ -338,6 +345,7 @@ async def _execute(args, plan, configs, workload, out: Path, goodput) -> int:
         goodput,
         plots=not args.no_plots,
         temperature=args.temperature,
+        design=design,
     )
     summary = (out / "summary.md").read_text()
     if not interrupted:
@@ -393,6 +401,7 @@ def finalize(
     goodput: dict[str, float] | None,
     plots: bool = True,
     temperature: float = 0.0,
+    design: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Derive every number once (:func:`harness.derived.analyze`), write results.json
     (atomically), then summary.md and plots from it alone."""
@@ -418,6 +427,7 @@ def finalize(
             "num_requests": len(workload.requests),
             "fingerprint": workload.fingerprint,
         },
+        "design": design,  # harness.design: which variant ran when, and the cache policy
         "runs": [r.to_json(summarize(r.records, goodput)) for r in runs],
     }
     results |= analyze(

@@ -297,9 +297,22 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--sequential",
         action="store_true",
-        help="run variants one after the other even where they could interleave (hf, openai "
-        "interleave by default: A B C A B C ..., so machine drift hits all alike; hf then holds "
-        "one model copy per variant)",
+        help="run variants one after the other (each variant's repeats in one block) instead of "
+        "interleaving them run by run in a rotated order (the default, so machine drift hits all "
+        "alike; every variant's engine is then alive at once)",
+    )
+    r.add_argument(
+        "--aa",
+        action="store_true",
+        help="A/A run: the baseline configuration twice (baseline, baseline-aa), interleaved and "
+        "compared as usual; a verdict other than 'no significant difference' is a false one",
+    )
+    r.add_argument(
+        "--prefix-cache",
+        default="reset",
+        choices=["reset", "off", "keep"],
+        help="prefix cache of vLLM engines: reset before every measured run (default), off "
+        "(disabled), keep (never reset: repeats hit what earlier runs cached)",
     )
     r.add_argument("--no-plots", action="store_true", help="do not draw PNG plots")
     r.add_argument("--quiet", action="store_true", help="no progress bars")

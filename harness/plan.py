@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.base import SPEC_METHODS, EngineConfig, EngineError
+from harness.design import AA_LABEL
 from harness.load import Concurrent, LoadStrategy, Poisson, Synchronous
 from harness.results import Cell
 
@@ -53,6 +54,8 @@ class RunPlan:
     device: str = "auto"
     engine_args: Mapping[str, Any] = field(default_factory=dict)
     options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # engine -> options
+    prefix_cache: str = "reset"  # harness.design.PREFIX_CACHE_POLICIES
+    aa: bool = False  # A/A: the baseline twice (AA_LABEL), compared as usual
 
     # ---- engine configurations ---------------------------------------------------------------
     def spec_configs(self, engine_methods: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
@@ -85,6 +88,8 @@ class RunPlan:
             variants: list[tuple[str, Mapping[str, Any] | None]] = []
             if self.baseline:
                 variants.append(("baseline", None))
+            if self.aa:
+                variants.append((AA_LABEL, None))
             variants.extend(self.spec_configs(engine_methods.get(engine, ())))
             for label, spec in variants:
                 out.append(
@@ -101,6 +106,7 @@ class RunPlan:
                             seed=self.seed,
                             engine_args=dict(self.engine_args),
                             options=dict(self.options.get(engine, {})),
+                            prefix_cache=self.prefix_cache,
                         ),
                     )
                 )

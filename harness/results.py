@@ -14,6 +14,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from harness.design import Slot
 from harness.records import RequestRecord
 
 SCHEMA_VERSION = 2  # 2: the derived analysis is stored (harness/derived.py)
@@ -55,6 +56,7 @@ class Run:
     engine_info: Mapping[str, Any] = field(default_factory=dict)
     status: str = "ok"  # "ok", "unsupported (...)", "failed: ...", "interrupted"
     extra: Mapping[str, Any] = field(default_factory=dict)  # server load samples, step costs
+    schedule: Slot | None = None  # where the run sat in the design (block = pairing unit)
 
     @property
     def variant(self) -> str:
@@ -77,6 +79,7 @@ class Run:
             "max_new_tokens": c.max_new_tokens,
             "load": dict(c.load),
             "repeat": c.repeat,
+            "schedule": None if self.schedule is None else self.schedule.to_json(),
             "status": self.status,
             "engine_info": dict(self.engine_info),
             "extra": dict(self.extra),
@@ -104,6 +107,7 @@ class Run:
             engine_info=d.get("engine_info") or {},
             status=d.get("status", "ok"),
             extra=d.get("extra") or {},
+            schedule=Slot.from_json(d.get("schedule")),
         )
 
 
@@ -215,6 +219,7 @@ def runs_from_journal(path: Path) -> tuple[list[Run], set[str]]:
                 status=end.get("status", "interrupted"),
                 spec_metrics=end.get("spec_metrics"),
                 extra=end.get("extra") or {},
+                schedule=Slot.from_json(end.get("schedule")) or run.schedule,
             )
         )
     finished = {

@@ -13,11 +13,18 @@ from typing import Any
 
 from engines.base import Engine, EngineConfig, EngineError, GenParams, Request, UnsupportedError
 from harness.analysis import precise_enough
+from harness.design import (
+    INTERLEAVED,
+    SEQUENTIAL,
+    Slot,
+    design_record,
+    lane_order,
+    warmup_requests,
+)
 from harness.plan import Point, RunPlan
 from harness.records import RequestRecord
 from harness.results import Cell, Journal, Run
 from harness.runner import Runner, error_line
-from harness.stats import summarize
 
 
 @dataclass
@@ -42,6 +49,10 @@ class Lane:
     engine: Engine | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
+    def with_share(self, n: int) -> Lane:
+        """The lane told that ``n`` engines share the process and device (memory budgets)."""
+        return Lane(self.label, replace(self.config, share=n))
+
     @property
     def coexist(self) -> bool:
         from engines.base import engine_class
@@ -65,24 +76,36 @@ class Session:
     engine_factory: Callable[[EngineConfig], Engine] | None = None
     interleave: bool = True
     sample_load_s: float | None = None  # sample server gauges this often during runs (opt-in)
+    design: str = INTERLEAVED  # what execute() chose (harness.design)
+    _t0: float = 0.0
+    _seq: int = 0  # runs so far
+    _blocks: int = 0  # blocks (one repeat of every lane) so far: the rotation
 
     def __post_init__(self) -> None:
         if not self.plan.lengths_from_workload:  # an explicit --max-new-tokens wins
             self.requests = [replace(r, max_new_tokens=None) for r in self.requests]
 
     async def execute(self, configs: Sequence[tuple[str, EngineConfig]]) -> list[Run]:
-        """Run every configuration. Engines that can coexist in one process (``coexist``) are
-        all started and their runs interleaved (A B C A B C ...), so that drift of the machine
-        hits every variant alike; others run one configuration after the other."""
+        """Run every configuration. When every engine can live in one process (``coexist``),
+        all lanes are started and their runs interleaved in a rotated order (see
+        :mod:`harness.design`), so that drift of the machine hits every variant alike; else (or
+        with ``interleave=False``) one configuration runs after the other."""
+        self._t0 = self.clock()
         lanes = [Lane(label, config) for label, config in configs]
         if self.interleave and len(lanes) > 1 and all(lane.coexist for lane in lanes):
+            self.design = INTERLEAVED
+            lanes = [lane.with_share(len(lanes)) for lane in lanes]
             await self._run_lanes(lanes)
         else:
+            self.design = SEQUENTIAL if len(lanes) > 1 else INTERLEAVED
             for lane in lanes:
                 if self.stop:
                     break
                 await self._run_lanes([lane])
         return self.runs
+
+    def design_record(self, labels: Sequence[str]) -> dict[str, Any]:
+        return design_record(self.design, self.plan.seed, self.plan.prefix_cache, labels)
 
     def _todo(self, lane: Lane) -> list[Point]:
         def done(p: Point) -> bool:
@@ -99,10 +122,10 @@ class Session:
             for lane in lanes:
                 await self._start(lane)
             live = [lane for lane in lanes if lane.engine is not None]
-            for p in self.plan.points():
+            for index, p in enumerate(self.plan.points()):
                 if self.stop or not live:
                     break
-                await self._repeat_point([lane for lane in live if p in self._todo(lane)], p)
+                await self._repeat_point([lane for lane in live if p in self._todo(lane)], p, index)
         finally:
             for lane in lanes:
                 if lane.engine is not None:
@@ -134,23 +157,30 @@ class Session:
             with contextlib.suppress(Exception):
                 lane.info["step_costs"] = await asyncio.to_thread(costs)
 
-    async def _repeat_point(self, lanes: list[Lane], p: Point) -> None:
-        """Repeats of one point: --repeats, then more (up to --max-repeats) until the CI of every
-        deciding comparison at this point is under --target-ci (analysis.precise_enough)."""
-        rates: dict[int, list[float]] = {id(lane): [] for lane in lanes}
+    async def _repeat_point(self, lanes: list[Lane], p: Point, index: int) -> None:
+        """Repeats of one point, every lane once per repeat in the design's rotated order:
+        --repeats, then more (up to --max-repeats) until the CI of every deciding comparison at
+        this point is under --target-ci (analysis.precise_enough)."""
+        warm: set[int] = set()
         active = list(lanes)
         repeat = 0
         while active and not self.stop:
-            for lane in list(active):
+            order = [lanes[k] for k in lane_order(len(lanes), self._blocks, self.plan.seed)]
+            self._blocks += 1
+            position = 0
+            for lane in order:
                 if self.stop:
                     break
+                if lane not in active:
+                    continue
                 cell = self.plan.cell(lane.config.engine, lane.label, p, repeat)
                 if cell.key in self.done:
                     continue
-                run = await self._run_point(lane, cell, p, warmup=not rates[id(lane)])
-                tok_s = summarize(run.records).get("output_tok_s")
-                if tok_s is not None:
-                    rates[id(lane)].append(tok_s)
+                slot = Slot(self.design, index, repeat, position, self._seq)
+                self._seq += 1
+                position += 1
+                run = await self._run_point(lane, cell, p, id(lane) not in warm, slot)
+                warm.add(id(lane))
                 if run.status != "ok":
                     active.remove(lane)
             repeat += 1
@@ -163,7 +193,19 @@ class Session:
                 if target is None or precise_enough(here, target):
                     break
 
-    async def _run_point(self, lane: Lane, cell: Cell, p: Point, warmup: bool) -> Run:
+    async def _reset_cache(self, engine: Engine) -> str:
+        """Apply the prefix-cache policy before a measured run; say what was done."""
+        if self.plan.prefix_cache != "reset":
+            return self.plan.prefix_cache
+        reset = getattr(engine, "reset_prefix_cache", None)
+        if reset is None:
+            return "no prefix cache"
+        try:
+            return str(await reset())
+        except Exception as exc:  # noqa: BLE001 - recorded with the run; the run still counts
+            return f"reset failed: {error_line(exc)}"
+
+    async def _run_point(self, lane: Lane, cell: Cell, p: Point, warmup: bool, slot: Slot) -> Run:
         engine, config, info = lane.engine, lane.config, lane.info
         assert engine is not None
         params = GenParams(
@@ -175,7 +217,7 @@ class Session:
         records: list[RequestRecord] = []
         t0 = self.clock()
         if self.journal:
-            head = Run(cell, config.spec_config, (), engine_info=info).to_json({})
+            head = Run(cell, config.spec_config, (), engine_info=info, schedule=slot).to_json({})
             self.journal.write("run", {"key": cell.key, "run": head})
 
         bar = self._bar(cell.key, len(self.requests))
@@ -199,16 +241,21 @@ class Session:
         )
         status, spec_metrics, extra = "ok", None, {}
         try:
-            if warmup and self.plan.warmup:
-                await runner.run(self.requests[: self.plan.warmup], params, p.strategy, warmup=True)
-            before = await _counters(engine)
+            if warmup and self.plan.warmup:  # unmeasured prompts: they warm no measured prompt
+                warm = warmup_requests(self.requests, self.plan.warmup)
+                await runner.run(warm, params, p.strategy, warmup=True)
+            slot = replace(slot, cache=await self._reset_cache(engine))
+            slot = replace(slot, t_start_s=self.clock() - self._t0)
+            before, cache_before = await _counters(engine), _cache_counters(engine)
             sampler = _LoadSampler(engine, self.sample_load_s)
             async with sampler:
                 await runner.run(self.requests, params, p.strategy)
-            after = await _counters(engine)
+            after, cache_after = await _counters(engine), _cache_counters(engine)
             if before is not None and after is not None:
                 spec_metrics = (after - before).to_metrics()
             extra = sampler.summary()
+            if cache_before is not None and cache_after is not None:
+                extra["prefix_cache"] = {k: cache_after[k] - cache_before[k] for k in cache_after}
         except UnsupportedError as exc:
             status = str(exc)
         except EngineError as exc:
@@ -220,7 +267,10 @@ class Session:
                 bar.close()
         if self.stop and status == "ok":
             status = f"stopped: {self.stop.reason}"
-        run = Run(cell, config.spec_config, tuple(records), t0, spec_metrics, info, status, extra)
+        slot = replace(slot, t_end_s=self.clock() - self._t0)
+        run = Run(
+            cell, config.spec_config, tuple(records), t0, spec_metrics, info, status, extra, slot
+        )
         self._finish(run, status)
         return run
 
@@ -234,6 +284,7 @@ class Session:
                     "status": status,
                     "spec_metrics": run.spec_metrics,
                     "extra": dict(run.extra),
+                    "schedule": None if run.schedule is None else run.schedule.to_json(),
                 },
             )
 
@@ -254,6 +305,12 @@ async def _counters(engine: Engine) -> Any:
     if refresh is not None:
         await refresh()
     return engine.spec_counters()
+
+
+def _cache_counters(engine: Engine) -> dict[str, int] | None:
+    """The engine's cumulative prefix-cache queries/hits (tokens), where it counts them."""
+    counters = getattr(engine, "prefix_cache_counters", None)
+    return None if counters is None else counters()
 
 
 class _LoadSampler:

@@ -1,0 +1,128 @@
+"""The design of the experiment: which variant runs when, and what may warm which cache.
+
+A comparison's variants (lanes) alternate in time: at each plan point, every repeat (a block) runs each
+lane once, in an order that is a seeded permutation of the lanes rotated by one position per
+block, so each lane takes each position equally often and a machine that drifts
+(other tenants, thermal state) slows every variant alike. Lanes that cannot live in one process
+run one after the other ("sequential"): each variant's repeats form one block, which a paired
+verdict must treat with care (between-block drift is not cancelled).
+
+Every run records where it sat in the schedule (:class:`Slot`), so the statistics can pair a
+baseline and a candidate by repeat (the "block" of the interleaved design) and anyone can check
+from results.json that start times alternate.
+
+Caches: warm-up requests use prompts that are never measured (:func:`warmup_requests`), and the
+prefix cache is reset before every measured run (policy ``reset``), switched off (``off``), or
+left alone (``keep``: the old behaviour, where repeats 2+ of a vLLM variant hit the prompts that
+repeat 1 cached and HF has no such cache).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from workloads.base import Request
+
+INTERLEAVED = "interleaved"
+SEQUENTIAL = "sequential"
+PREFIX_CACHE_POLICIES = ("reset", "off", "keep")
+AA_LABEL = "baseline-aa"  # --aa: the baseline configuration again, as a candidate
+
+DESCRIPTIONS = {
+    INTERLEAVED: "variants alternate run by run; order a seeded permutation rotated by one "
+    "position per block; a block is one repeat of every variant (the pairing unit)",
+    SEQUENTIAL: "variants one after the other (each variant's repeats back to back): "
+    "drift between blocks is not cancelled",
+}
+CACHE_DESCRIPTIONS = {
+    "reset": "prefix cache on, reset before every measured run; warm-ups use unmeasured prompts",
+    "off": "prefix cache disabled; warm-ups use unmeasured prompts",
+    "keep": "prefix cache on and never reset: repeats may hit what earlier runs cached",
+}
+
+
+def lane_order(n_lanes: int, rotation: int, seed: int) -> list[int]:
+    """Indices of the lanes in the order they run in one block (one repeat of every lane).
+
+    A seeded permutation, rotated by ``rotation`` (the session's count of blocks so far): over
+    ``n_lanes`` consecutive blocks every lane runs once in every position (a Latin square), and
+    with 3+ lanes no lane ever runs twice in a row; two lanes give A B, B A, A B, ...
+    """
+    base = list(range(n_lanes))
+    random.Random(seed).shuffle(base)
+    k = rotation % n_lanes if n_lanes else 0
+    return base[k:] + base[:k]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one run sat in the schedule (stored with the run in results.json)."""
+
+    design: str  # INTERLEAVED | SEQUENTIAL
+    point: int  # index of the plan point
+    block: int  # the repeat: runs of one block are the pairing unit
+    position: int  # 0-based place of this lane within its block
+    seq: int  # global run number in the session (0, 1, 2, ...)
+    t_start_s: float | None = None  # session clock, seconds since the session began
+    t_end_s: float | None = None
+    cache: str | None = None  # what was done to the engine's cache before the run
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> Slot | None:
+        if not d:
+            return None
+        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__})
+
+
+def design_of(slots: Iterable[Slot | None]) -> str:
+    """The design a group of runs used: one name, "mixed", or "unknown" (older files)."""
+    names = {s.design if s is not None else "unknown" for s in slots}
+    return names.pop() if len(names) == 1 else "mixed"
+
+
+def warmup_requests(requests: Sequence[Request], n: int) -> list[Request]:
+    """``n`` warm-up requests shaped like the workload's first ones but never measured.
+
+    Each is a measured prompt with its words reversed behind a ``warm-up k:`` marker: similar
+    length and vocabulary (the same kernels and batch shapes warm up), a different first token
+    (so no prefix-cache block is shared with a measured prompt).
+    """
+    out = []
+    for k in range(n):
+        src = requests[k % len(requests)] if requests else Request(id="w", prompt="warm up")
+        out.append(
+            replace(
+                src,
+                id=f"warmup-{k}",
+                prompt=None if src.prompt is None else _scramble(src.prompt, k),
+                messages=None
+                if src.messages is None
+                else tuple(
+                    {**m, "content": _scramble(m.get("content", ""), k)} for m in src.messages
+                ),
+            )
+        )
+    return out
+
+
+def _scramble(text: str, k: int) -> str:
+    return f"warm-up {k}: " + " ".join(reversed(text.split(" ")))
+
+
+def design_record(design: str, seed: int, prefix_cache: str, labels: Sequence[str]) -> dict:
+    """The session-level description stored in results.json."""
+    return {
+        "name": design,
+        "description": DESCRIPTIONS[design],
+        "seed": seed,
+        "lanes": list(labels),
+        "prefix_cache": prefix_cache,
+        "prefix_cache_description": CACHE_DESCRIPTIONS[prefix_cache],
+        "warmup_prompts": "unmeasured: measured prompts with words reversed behind a marker",
+    }
