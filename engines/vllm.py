@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import gc
 import itertools
@@ -40,10 +41,11 @@ from engines.base import (
     Request,
     SpecCounters,
 )
-from engines.vllm_metrics import spec_counters_from_snapshot
+from engines.vllm_metrics import StatsTap
 from engines.vllm_setup import (
     engine_kwargs,
     free_dist_state,
+    keep_dist_state,
     patch_kernel_rebinding,
     validate_config,
 )
@@ -54,6 +56,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 DELIVERY_S = 0.05  # stamped outputs reach the event loop at most this often (and when one ends)
+_ALIVE: set[int] = set()  # ids of this process's engines that hold vLLM's process-wide state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +82,9 @@ class VLLMEngine:
 
     name: ClassVar[str] = "vllm"
     spec_methods: ClassVar[tuple[str, ...]] = SPEC_METHODS
+    # several engines live in one process (each its own stepping thread, idle while another
+    # lane runs): its counters come from its own stats tap, and shutdown spares the others
+    coexist: ClassVar[bool] = True
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -93,6 +99,8 @@ class VLLMEngine:
         self._facts: dict[str, Any] = {}
         self._has_template = False
         self._dead: BaseException | None = None
+        self._tap = StatsTap()
+        self._tapped = False
 
     # ---- validation & start -----------------------------------------------------------------
     @classmethod
@@ -136,11 +144,19 @@ class VLLMEngine:
         """Build the engine, then serve commands and step until told to stop."""
         try:
             self._llm = self._load()
+            _ALIVE.add(id(self))
+            logger_manager = getattr(self._llm.llm_engine, "logger_manager", None)
+            self._tapped = self._tap.install(logger_manager)
             tok = self._llm.get_tokenizer()
             self._has_template = bool(getattr(tok, "chat_template", None))
         except BaseException as e:  # noqa: BLE001 - reported to start()
+            if self._llm is not None:
+                with contextlib.suppress(BaseException):
+                    self._shutdown()
             self._llm = None
-            free_dist_state()
+            _ALIVE.discard(id(self))
+            if not _ALIVE:  # other live engines still need vLLM's distributed state
+                free_dist_state()
             ready.set_exception(e)
             return
         ready.set_result(None)
@@ -181,7 +197,12 @@ class VLLMEngine:
         patched = patch_kernel_rebinding()
         llm = LLM(**self._kwargs)
         mc = llm.llm_engine.model_config
-        self._facts = {"dtype": str(mc.dtype), "max_model_len": mc.max_model_len}
+        cc = llm.llm_engine.vllm_config.cache_config
+        self._facts = {
+            "dtype": str(mc.dtype),
+            "max_model_len": mc.max_model_len,
+            "enable_prefix_caching": bool(cc.enable_prefix_caching),
+        }
         if patched:
             self._facts["workarounds"] = [patched]
         return llm
@@ -275,8 +296,11 @@ class VLLMEngine:
 
     def _shutdown(self) -> None:
         llm, self._llm = self._llm, None
+        _ALIVE.discard(id(self))
         try:
-            llm.llm_engine.engine_core.shutdown()  # tears down vLLM's distributed state too
+            # tears down vLLM's distributed state too, unless other engines still live
+            with keep_dist_state() if _ALIVE else contextlib.nullcontext():
+                llm.llm_engine.engine_core.shutdown()
         finally:
             del llm
             gc.collect()
@@ -382,9 +406,18 @@ class VLLMEngine:
 
     # ---- counters & lifecycle ---------------------------------------------------------------
     def spec_counters(self) -> SpecCounters | None:
-        if self.config.spec_config is None or self._llm is None:
+        if self.config.spec_config is None or self._llm is None or not self._tapped:
             return None
-        return spec_counters_from_snapshot(self._llm.get_metrics()) or SpecCounters()
+        return self._tap.spec_counters()
+
+    def prefix_cache_counters(self) -> dict[str, int] | None:
+        """This engine's cumulative prefix-cache queries and hits (prompt tokens)."""
+        return self._tap.prefix_cache() if self._tapped else None
+
+    async def reset_prefix_cache(self) -> str:
+        """Empty the prefix cache between runs (idle engine: nothing holds a block)."""
+        ok = await self._call(lambda: self._llm.reset_prefix_cache())
+        return "reset" if ok else "reset refused by vLLM (blocks in use)"
 
     def max_batch(self) -> int | None:
         return None

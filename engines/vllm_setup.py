@@ -3,12 +3,13 @@ chooses (recorded, never hidden), and the workarounds a vLLM release needs at st
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import gc
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from engines.base import EngineConfig, EngineError
 CPU_MAX_MODEL_LEN = 2048
 CPU_KV_CACHE_BYTES = 512 * 2**20  # vLLM's CPU default reserves 92% of RAM; far too much here
 RESERVED = ("model", "tokenizer", "speculative_config")  # set through EngineConfig fields
+MEMORY_KEYS = ("kv_cache_memory_bytes", "gpu_memory_utilization")
 
 
 def validate_config(config: EngineConfig, spec_methods: tuple[str, ...]) -> None:
@@ -90,9 +92,13 @@ def engine_kwargs(cfg: EngineConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         if "max_model_len" not in user:
             model_max = model_max_len(cfg.model)
             defaults["max_model_len"] = min(CPU_MAX_MODEL_LEN, model_max or CPU_MAX_MODEL_LEN)
-        memory_keys = ("kv_cache_memory_bytes", "gpu_memory_utilization")
-        if not any(k in user for k in memory_keys) and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        if not any(k in user for k in MEMORY_KEYS) and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             defaults["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+    elif cfg.share > 1 and not any(k in user for k in MEMORY_KEYS):
+        # engines alive at once on one device (interleaved lanes) split vLLM's 0.9 default
+        defaults["gpu_memory_utilization"] = round(0.9 / cfg.share, 3)
+    if cfg.prefix_cache == "off" and "enable_prefix_caching" not in user:
+        defaults["enable_prefix_caching"] = False
     if "dtype" not in user:
         dtype = cfg.dtype
         if dtype == "auto" and current_platform.is_cpu():
@@ -152,6 +158,27 @@ def patch_kernel_rebinding() -> str | None:
         return None
     dispatcher.vars = _safe_vars  # type: ignore[attr-defined]
     return "triton_utils.dispatcher.vars -> safe vars (llvmlite ffi.lib crash)"
+
+
+@contextlib.contextmanager
+def keep_dist_state() -> Iterator[None]:
+    """While it lasts, an engine's shutdown leaves vLLM's process-wide distributed state alone.
+
+    ``EngineCore.shutdown`` ends with ``cleanup_dist_env_and_memory()``, which destroys the
+    process's model-parallel groups: right for the last engine of a process, fatal for other
+    in-process engines still alive (interleaved lanes), whose next step needs those groups.
+    """
+    try:
+        from vllm.v1.engine import core
+    except ImportError:
+        yield
+        return
+    saved = core.cleanup_dist_env_and_memory
+    core.cleanup_dist_env_and_memory = gc.collect
+    try:
+        yield
+    finally:
+        core.cleanup_dist_env_and_memory = saved
 
 
 def free_dist_state() -> None:

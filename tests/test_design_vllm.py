@@ -1,0 +1,126 @@
+"""The design on real in-process vLLM engines (embedded pair): three engines alive in one
+process run interleaved, each with its own counters, and no measured run hits the prefix cache."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+from engines.base import EngineConfig, GenParams, Request  # noqa: E402
+from harness.analysis import lossless  # noqa: E402
+from harness.design import INTERLEAVED  # noqa: E402
+from harness.plan import RunPlan  # noqa: E402
+from harness.session import Session  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+# long enough to fill whole prefix-cache blocks (128 tokens on CPU): a repeat could hit them
+LONG = "def add(x, y):\n    return x + y\n\n" * 30
+PROMPTS = [Request(f"p{i}", f"# file {i}\n" + LONG) for i in range(3)]
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
+
+
+def _plan(**kw: Any) -> RunPlan:
+    args: dict[str, Any] = dict(
+        engines=("vllm",),
+        model="m",
+        draft_model=None,
+        tokenizer=None,
+        spec_methods=(),
+        num_spec_tokens=(4,),
+        spec_config=None,
+        baseline=True,
+        modes=("latency", "throughput"),
+        concurrency=(3,),
+        request_rates=(),
+        burstiness=1.0,
+        max_new_tokens=(12,),
+        repeats=2,
+        warmup=1,
+        target_ci=None,
+        max_repeats=2,
+        seed=1,
+        workload="w",
+    )
+    args.update(kw)
+    return RunPlan(**args)
+
+
+@pytest.fixture(scope="module")
+def session(embedded_pair: tuple[str, str]) -> Session:
+    target, draft = embedded_pair
+    drafted = {"method": "draft_model", "num_speculative_tokens": 3, "model": draft}
+    configs = [
+        (label, EngineConfig(engine="vllm", model=target, spec_config=spec))
+        for label, spec in (("baseline", None), ("ngram", NGRAM), ("draft_model", drafted))
+    ]
+    s = Session(_plan(), PROMPTS, progress=False)
+    asyncio.run(s.execute(configs))
+    return s
+
+
+def test_three_in_process_engines_run_interleaved(session: Session) -> None:
+    runs = sorted(session.runs, key=lambda r: r.schedule.seq)
+    assert session.design == INTERLEAVED
+    assert [r.status for r in runs] == ["ok"] * 12
+    labels = [r.cell.label for r in runs]
+    assert all(a != b for a, b in zip(labels, labels[1:]))  # alternating
+    starts = [r.schedule.t_start_s for r in runs]
+    assert starts == sorted(starts)
+    by = {
+        lb: [r for r in runs if r.cell.label == lb] for lb in ("baseline", "ngram", "draft_model")
+    }
+    for label in ("ngram", "draft_model"):  # both engines alive at once answer identically
+        assert lossless(by["baseline"], by[label])["share_identical"] == 1.0
+
+
+def test_each_engine_counts_its_own_speculation(session: Session) -> None:
+    """vLLM's Prometheus registry is process-global (the newest engine's): each lane's counters
+    must still be its own, in every run."""
+    for run in session.runs:
+        m = run.spec_metrics
+        if run.cell.label == "baseline":
+            assert m is None
+            continue
+        assert m["num_drafts"] > 0, run.cell.key
+        k = run.spec_config["num_speculative_tokens"]
+        assert m["num_draft_tokens"] <= k * m["num_drafts"]
+        assert 0 <= m["num_accepted_tokens"] <= m["num_draft_tokens"]
+
+
+def test_no_measured_run_hits_the_prefix_cache(session: Session) -> None:
+    for run in session.runs:
+        assert run.schedule.cache == "reset"
+        cache = run.extra["prefix_cache"]
+        assert cache["queries"] > 0 and cache["hits"] == 0, (run.cell.key, cache)
+
+
+def test_prefix_cache_counters_see_hits_until_reset(embedded_pair: tuple[str, str]) -> None:
+    """The counter the session test relies on can fail: a repeat hits, a reset clears."""
+    from engines.vllm import VLLMEngine
+
+    async def go() -> list[dict[str, int]]:
+        engine = VLLMEngine(EngineConfig(engine="vllm", model=embedded_pair[0]))
+        await engine.start()
+        try:
+            seen = []
+            for reset in (False, False, True):
+                if reset:
+                    assert await engine.reset_prefix_cache() == "reset"
+                before = engine.prefix_cache_counters()
+                async for _ in engine.stream(PROMPTS[0], GenParams(max_new_tokens=4)):
+                    pass
+                after = engine.prefix_cache_counters()
+                seen.append({k: after[k] - before[k] for k in after})
+            return seen
+        finally:
+            await engine.close()
+
+    first, repeat, after_reset = asyncio.run(go())
+    assert first["hits"] == 0 and repeat["hits"] >= 128 and after_reset["hits"] == 0
