@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.base import EngineConfig, EngineError, engine_class
-from harness.cli import UsageError, _goodput, _json_arg, _kv_args
+from harness.cli import UsageError, _goodput, _json_arg, _kv_args, _variant_urls
 from harness.plan import PlanError, RunPlan, check_engines, parse_methods
 from harness.results import (
     SCHEMA_VERSION,
@@ -66,6 +66,12 @@ def build_plan(args: argparse.Namespace, model: str, draft: str | None) -> RunPl
         raise UsageError(
             "--base-url is for --engine openai (vllm-server and transformers-server start their own)"
         )
+    per_variant = _variant_urls(args.base_url)
+    if "openai" in engines and (methods or spec_config) and per_variant is None:
+        raise UsageError(
+            "--engine openai --spec: one server cannot be compared with itself; give one URL per "
+            "variant (--base-url baseline=URL ngram=URL) or let --engine vllm-server start them"
+        )
     http = {
         "request_timeout": args.request_timeout,
         "max_concurrency": max(args.concurrency or [16]),
@@ -74,7 +80,11 @@ def build_plan(args: argparse.Namespace, model: str, draft: str | None) -> RunPl
         http["endpoint"] = args.endpoint
     openai = {**http, "api_key_env": args.api_key_env}
     for key, value in (
-        ("base_urls", args.base_url),
+        (
+            "base_urls",
+            [u for us in per_variant.values() for u in us] if per_variant else args.base_url,
+        ),
+        ("variant_urls", per_variant),
         ("api_key_file", args.api_key_file),
         ("served_model", args.served_model),
     ):
@@ -206,6 +216,26 @@ def check_servers(plan: RunPlan) -> None:
             raise UsageError(f"--base-url: {url} does not answer ({reason})") from None
 
 
+def variant_servers(configs: list[tuple[str, EngineConfig]]) -> list[tuple[str, EngineConfig]]:
+    """``--base-url baseline=URL ngram=URL``: each openai variant talks to its own server."""
+    out = []
+    for label, c in configs:
+        opts = dict(c.options)
+        urls = opts.pop("variant_urls", None)
+        if c.engine == "openai" and urls is not None:
+            if label not in urls:
+                given = " ".join(f"{k}=URL" for k in urls)
+                raise UsageError(f"--base-url: no URL for variant {label!r} (given: {given})")
+            opts["base_urls"] = urls[label]
+        out.append((label, replace(c, options=opts)))
+    labels = {label for label, c in configs if c.engine == "openai"}
+    for c in (c for _, c in configs if c.engine == "openai"):
+        extra = sorted(set(c.options.get("variant_urls") or ()) - labels)
+        if extra:
+            raise UsageError(f"--base-url: {extra[0]}=URL names no variant of this run")
+    return out
+
+
 def engine_methods(plan: RunPlan) -> dict[str, tuple[str, ...]]:
     return {e: tuple(getattr(engine_class(e), "spec_methods", ())) for e in plan.engines}
 
@@ -254,7 +284,7 @@ def run_main(args: argparse.Namespace) -> int:
         out = output_dir(args)
         model, draft = resolve_models(args)
         plan = build_plan(args, model, draft)
-        configs = plan.engine_configs(engine_methods(plan))
+        configs = variant_servers(plan.engine_configs(engine_methods(plan)))
         check_models(plan)
         check_servers(plan)
         validate_configs(plan, configs)

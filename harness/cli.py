@@ -57,6 +57,22 @@ def _kv_args(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def _variant_urls(items: Sequence[str] | None) -> dict[str, list[str]] | None:
+    """``--base-url baseline=URL ngram=URL`` -> {label: [URL, ...]}; plain URLs -> None."""
+    if not items:
+        return None
+    labelled = [i.partition("=") for i in items]
+    named = [(k, u) for k, sep, u in labelled if sep and "/" not in k and ":" not in k]
+    if not named:
+        return None
+    if len(named) != len(items):
+        raise UsageError("--base-url: label every URL (baseline=URL ngram=URL) or none")
+    out: dict[str, list[str]] = {}
+    for label, url in named:
+        out.setdefault(label, []).append(url)  # a label given twice: replicas of one variant
+    return out
+
+
 def _goodput(items: Sequence[str] | None) -> dict[str, float] | None:
     if not items:
         return None
@@ -321,7 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--base-url",
         nargs="+",
         default=None,
-        help="server base URL(s), e.g. http://127.0.0.1:8000/v1; several = round-robin replicas",
+        help="server base URL(s), e.g. http://127.0.0.1:8000/v1; several = round-robin replicas; "
+        "with --spec one server per variant: baseline=URL ngram=URL (a server cannot be compared "
+        "with itself)",
     )
     h.add_argument(
         "--api-key-env",

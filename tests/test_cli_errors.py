@@ -99,6 +99,46 @@ CASES = {
     ),
     "no-baseline without spec": (["--no-baseline"], ["--no-baseline", "--spec"]),
     "openai without base-url": (["--engine", "openai"], ["--base-url"]),
+    "openai spec with one server": (
+        ["--engine", "openai", "--spec", "--base-url", "http://127.0.0.1:9/v1"],
+        ["--engine openai --spec", "one URL per variant"],
+    ),
+    "openai spec url missing for a variant": (
+        [
+            "--engine",
+            "openai",
+            "--spec",
+            "--base-url",
+            "baseline=http://127.0.0.1:9/v1",
+            "ngram=http://127.0.0.1:8/v1",
+        ],
+        ["--base-url", "no URL for variant 'draft_model'"],
+    ),  # fmt: skip
+    "openai url for no variant": (
+        [
+            "--engine",
+            "openai",
+            "--spec",
+            "ngram",
+            "--base-url",
+            "baseline=http://127.0.0.1:9/v1",
+            "ngram=http://127.0.0.1:8/v1",
+            "eagle=http://127.0.0.1:7/v1",
+        ],
+        ["--base-url", "eagle=URL names no variant"],
+    ),  # fmt: skip
+    "openai half-labelled urls": (
+        [
+            "--engine",
+            "openai",
+            "--spec",
+            "--base-url",
+            "baseline=http://127.0.0.1:9/v1",
+            "http://127.0.0.1:8/v1",
+        ],
+        ["--base-url", "label every URL"],
+    ),  # fmt: skip
+    "aa with spec": (["--aa", "--spec"], ["--aa", "drop --spec"]),
     "bad goodput": (["--goodput", "ttft=5"], ["--goodput"]),
     "bad mode": (["--mode", "fast"], ["--mode", "fast"]),
     "resume without journal": (["--resume", "{tmp}"], ["--resume", "journal"]),
