@@ -319,6 +319,25 @@ class OpenAIEngine:
             "num_requests_waiting": total.waiting if scrapes else None,
         }
 
+    async def reset_prefix_cache(self) -> str:
+        """Empty each replica's prefix cache before a measured run: vLLM's
+        ``POST /reset_prefix_cache`` (served when the server runs with VLLM_SERVER_DEV_MODE=1).
+        A server without it is left alone and the run records that its cache was not reset."""
+        assert self._session is not None, "reset_prefix_cache() before start()"
+        timeout = aiohttp.ClientTimeout(total=START_TIMEOUT)
+        for url in self.base_urls:
+            root = split_base_url(url)[0]
+            try:
+                async with self._session.post(root + "/reset_prefix_cache", timeout=timeout) as r:
+                    body = await r.json(content_type=None) if r.status == 200 else {}
+                    if r.status in (404, 405):
+                        return "not reset: server has no /reset_prefix_cache"
+                    if r.status != 200 or not (body or {}).get("success", True):
+                        return f"not reset: /reset_prefix_cache answered {r.status} {body}"
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+                return f"not reset: {type(exc).__name__}"
+        return "reset"
+
     async def _scrape_all(self) -> list[prom.Scrape] | None:
         assert self._session is not None, "refresh_metrics() before start()"
         timeout = aiohttp.ClientTimeout(total=START_TIMEOUT)

@@ -129,6 +129,7 @@ class VLLMServerEngine:
     name: ClassVar[str] = "vllm-server"
     spec_methods: ClassVar[tuple[str, ...]] = SPEC_METHODS
     managed: ClassVar[bool] = True  # the harness starts the server (its log goes with results)
+    coexist: ClassVar[bool] = True  # one server per variant, each on its own port, all alive
 
     def __init__(self, config: EngineConfig) -> None:
         self.validate(config)
@@ -170,6 +171,8 @@ class VLLMServerEngine:
         iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
         if self.cpu and iomp.exists() and "libiomp5" not in env.get("LD_PRELOAD", ""):
             env["LD_PRELOAD"] = os.pathsep.join(p for p in (str(iomp), env.get("LD_PRELOAD")) if p)
+        if self.config.prefix_cache == "reset":
+            env["VLLM_SERVER_DEV_MODE"] = "1"  # serves POST /reset_prefix_cache (127.0.0.1 only)
         return env
 
     async def start(self) -> None:
@@ -251,6 +254,12 @@ class VLLMServerEngine:
     def max_batch(self) -> int | None:
         return None
 
+    async def reset_prefix_cache(self) -> str:
+        """See :meth:`OpenAIEngine.reset_prefix_cache` (the server runs in dev mode for it)."""
+        if self.inner is None:
+            raise RuntimeError("vllm-server: reset_prefix_cache() before start()")
+        return await self.inner.reset_prefix_cache()
+
     async def refresh_metrics(self) -> SpecCounters | None:
         """See :meth:`OpenAIEngine.refresh_metrics`."""
         return await self.inner.refresh_metrics() if self.inner else None
@@ -279,6 +288,10 @@ class VLLMServerEngine:
         cfg = self.config
         args: dict[str, Any] = dict(CPU_DEFAULTS) if self.cpu else {}
         args.update({"seed": cfg.seed, "dtype": cfg.dtype})
+        if cfg.prefix_cache == "off":
+            args["enable_prefix_caching"] = False
+        if not self.cpu and cfg.share > 1:  # servers alive at once split one GPU's memory
+            args["gpu_memory_utilization"] = round(0.9 / cfg.share, 3)
         if cfg.tokenizer:
             args["tokenizer"] = cfg.tokenizer
         if cfg.spec_config is not None:

@@ -317,6 +317,13 @@ def test_server_latency_histograms_give_means_between_scrapes() -> None:
     assert both.hist == {"itl": (3.4, 600.0)}
 
 
+def test_prefix_cache_reset_is_recorded_as_not_done_without_the_endpoint() -> None:
+    async def body(engine: OpenAIEngine, server: FakeServer) -> None:
+        assert await engine.reset_prefix_cache() == "not reset: server has no /reset_prefix_cache"
+
+    _run(Behaviour(), body)
+
+
 def test_parse_metrics_sums_label_sets() -> None:
     page = render_metrics(1, 3, 2, (1, 1), model="a") + render_metrics(2, 6, 1, (1,), model="b")
     page = "\n".join(ln for ln in page.splitlines() if not ln.startswith("#"))  # untyped

@@ -158,6 +158,34 @@ def test_harness_cli_drives_a_running_server_in_both_modes(servers, tmp_path) ->
 
 
 @pytest.mark.slow
+def test_prefix_cache_reset_between_runs(servers, loop) -> None:
+    """A repeated long prompt hits the server's prefix cache; after the reset it does not."""
+    import aiohttp
+
+    base: VLLMServerEngine = servers["base"]
+    req = Request(id="long", prompt="def add(x, y):\n    return x + y\n\n" * 30)
+
+    async def hits() -> float:
+        url = f"http://127.0.0.1:{base.port}/metrics"
+        async with aiohttp.ClientSession() as s, s.get(url) as r:
+            text = await r.text()
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("vllm:prefix_cache_hits_total")
+        )
+
+    seen = []
+    for reset in (False, False, True):
+        if reset:
+            assert loop.run_until_complete(base.reset_prefix_cache()) == "reset"
+        before = loop.run_until_complete(hits())
+        loop.run_until_complete(_collect(base, req))
+        seen.append(loop.run_until_complete(hits()) - before)
+    assert seen[1] >= 128 and seen[2] == 0, seen
+
+
+@pytest.mark.slow
 def test_close_leaves_no_process_and_frees_the_port(servers, loop) -> None:
     for engine in (servers["base"], servers["spec"]):
         port = engine.port
