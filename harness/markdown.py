@@ -49,6 +49,25 @@ def _at(items: Sequence[Mapping[str, Any]] | None, i: int | None) -> Mapping[str
     return None if i is None or items is None else items[i]
 
 
+def _design_lines(results: Mapping[str, Any]) -> list[str]:
+    """The design (harness.design) and what each engine's cache got before its measured runs."""
+    design = results.get("design")
+    if not design:
+        return []
+    caches: dict[str, set[str]] = {}
+    for run in results.get("runs", []):
+        cache = (run.get("schedule") or {}).get("cache")
+        if cache:
+            caches.setdefault(run["engine"], set()).add(cache)
+    done = "; ".join(f"{e}: {', '.join(sorted(c))}" for e, c in caches.items())
+    return [
+        "",
+        f"Design: {design['name']} ({design['description']}). "
+        f"Prefix cache: {design['prefix_cache_description']}"
+        + (f" (before each measured run: {done})." if done else "."),
+    ]
+
+
 def render(results: Mapping[str, Any]) -> str:
     comps, checks = results.get("comparisons") or [], results.get("lossless") or []
     lines = [f"# Harness results ({results.get('created', '')})", ""]
@@ -60,6 +79,7 @@ def render(results: Mapping[str, Any]) -> str:
         f"vllm {env.get('vllm') or 'n/a'}. Workload: {wl.get('name', '?')} "
         f"({wl.get('num_requests', '?')} prompts)."
     )
+    lines += _design_lines(results)
     if results.get("upgraded_from"):
         lines += ["", f"(A schema {results['upgraded_from']} file: derived numbers recomputed.)"]
     if results.get("status") not in (None, "complete"):
