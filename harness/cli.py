@@ -18,6 +18,7 @@ subcommands:
   python -m harness report results.json        re-render summary.md from a results file
   python -m harness compare A.json B.json ...  runs of several files side by side
   python -m harness models build|path ...      the embedded default model pair
+  python -m harness tune --engine vllm         best (method, K) per load -> speculative_config
 
 examples:
   python -m harness --engine vllm --spec                      the main job (embedded pair)
@@ -385,6 +386,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv and argv[0] == "tune":
+            from harness import tune_app
+
+            return tune_app.main(argv[1:])
         if argv and argv[0] in ("report", "compare", "models"):
             from harness import commands
 

@@ -302,30 +302,72 @@ async def saturation_loads(measure: Measure, up_to: int, gain: float = 1.10) -> 
     return loads
 
 
-def to_json(results: Sequence[LoadResult]) -> list[dict[str, Any]]:
-    """What results.json keeps of a search: every candidate's numbers and status."""
-    out = []
-    for r in results:
-        out.append(
+@dataclass
+class Verification:
+    """The emitted schedule against the best fixed K and the baseline, interleaved per load."""
+
+    schedule: Arm
+    fixed: Arm
+    rounds: int
+    rows: list[dict[str, Any]]  # load, schedule_vs_fixed, schedule_vs_baseline, fixed_vs_baseline
+
+    @property
+    def failures(self) -> list[str]:
+        out = []
+        for row in self.rows:
+            for key, what in (("schedule_vs_fixed", self.fixed.label), ("schedule_vs_baseline",
+                              "the baseline")):  # fmt: skip
+                if row[key].verdict == "slower":
+                    out.append(f"load {row['load']}: slower than {what} ({_fmt(row[key])})")
+        return out
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def headline(self) -> str:
+        if not self.passed:
+            return "tune: verification FAILED: the schedule is " + "; ".join(self.failures)
+        wins = [r["load"] for r in self.rows if r["schedule_vs_fixed"].verdict == "faster"]
+        gain = (
+            f"beats fixed {self.fixed.label} at load {', '.join(map(str, wins))}"
+            if wins
+            else f"beats fixed {self.fixed.label} at no load"
+        )
+        return (
+            f"tune: verified: the schedule {gain} and is never significantly slower than it "
+            f"or the baseline ({self.rounds} interleaved rounds per load)"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schedule": self.schedule.label,
+            "fixed": self.fixed.label,
+            "rounds": self.rounds,
+            "passed": self.passed,
+            "headline": self.headline(),
+            "rows": [
+                {k: (v.to_json() if isinstance(v, Comparison) else v) for k, v in row.items()}
+                for row in self.rows
+            ],
+        }
+
+
+async def verify(loads: Sequence[int], arms: Sequence[Arm], measure: Measure, rounds: int,
+                 s: Settings = Settings()) -> Verification:  # fmt: skip
+    """``arms`` = (baseline, schedule, fixed K): ``rounds`` rotated rounds at every load."""
+    base, sched, fixed = arms
+    rows = []
+    for load in loads:
+        race = _Race(load, measure, s)
+        for _ in range(rounds):
+            await race.run(list(arms))
+        rows.append(
             {
-                "load": r.load,
-                "chosen": r.chosen.label,
-                "verdict": r.verdict,
-                "rounds": r.rounds,
-                "c_fit": r.c_fit,
-                "candidates": [
-                    {
-                        "arm": c.arm.label,
-                        "method": c.arm.method,
-                        "k": c.arm.k,
-                        "status": c.status,
-                        "predicted": c.predicted,
-                        "vs_baseline": c.vs_baseline.to_json() if c.vs_baseline else None,
-                        "vs_leader": c.vs_leader.to_json() if c.vs_leader else None,
-                        "rounds": c.rounds,
-                    }
-                    for c in r.candidates
-                ],
+                "load": load,
+                "schedule_vs_fixed": race.vs(sched, fixed),
+                "schedule_vs_baseline": race.vs(sched, base),
+                "fixed_vs_baseline": race.vs(fixed, base),
             }
         )
-    return out
+    return Verification(sched, fixed, rounds, rows)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+from pathlib import Path
 
 import pytest
 
@@ -165,3 +166,48 @@ def test_build_config_one_method_nearest_legal_schedule():
     off, _, notes = build_config([Pick(1, None, 0, 1.0, {"ngram": (0, None)})], method_cfgs)
     assert off[SCHEDULE] == [[1, 1, 0]] and off["num_speculative_tokens"] == 1
     assert "pays at no load" in notes[0]
+
+
+# ---- verification ----------------------------------------------------------------------------
+SCHED = Arm("ngram", 4, ((1, 1, 4), (2, 16, 0)))
+FIXED = Arm("ngram", 4)
+
+
+@pytest.mark.parametrize(
+    "planted,passed",
+    [
+        ({1: (1.5, 1.5), 16: (1.0, 0.8)}, True),  # schedule = fixed at 1, beats it at 16
+        ({1: (1.2, 1.5), 16: (1.0, 0.8)}, False),  # schedule loses to fixed K at load 1
+    ],
+)
+def test_verification_says_in_its_first_line_whether_it_failed(planted, passed):
+    from harness.tune import verify
+    from harness.tune_report import markdown
+
+    truth = {}
+    for load, (sched, fixed) in planted.items():
+        truth[(load, SCHED)], truth[(load, FIXED)] = sched, fixed
+    engine = ScriptedLoad(truth, noise=0.02, seed=3)
+    v = asyncio.run(verify([1, 16], [BASELINE, SCHED, FIXED], engine, 4))
+    assert v.passed is passed
+    rows = {r["load"]: r for r in v.rows}
+    assert rows[16]["schedule_vs_fixed"].verdict == "faster"
+    assert rows[16]["schedule_vs_baseline"].verdict != "slower"
+    first = markdown([], None, (), v, [], 1.0, Path("out")).splitlines()[0]
+    assert first.startswith("tune: verified" if passed else "tune: verification FAILED"), first
+    if not passed:
+        assert "load 1" in first and "ngram(k=4)" in first
+
+
+def test_picks_and_best_fixed_k_from_a_search():
+    from harness.tune_app import best_fixed_k, picks
+
+    engine = ScriptedLoad(_truth(EXPLICIT), seed=0)
+    results = asyncio.run(tune([1, 4, 16], METHODS, engine, NO_PRUNING))
+    got = {p.load: p for p in picks(results)}
+    assert (got[1].method, got[1].k) == ("ngram", 3) and got[16].method is None
+    assert got[4].by_method["ngram"][0] in (1, 3)  # ngram's best that beat the baseline there
+    assert got[16].by_method == {}  # nothing beats the baseline at 16
+    cfg, schedule, notes = build_config(list(got.values()), {"ngram": {"method": "ngram"}})
+    assert cfg["method"] == "ngram" and schedule[0] == (1, 3, 3) and schedule[-1][2] == 0
+    assert best_fixed_k(results, "ngram") == 3  # 1.62, 1.10, 0.80: the best sum of logs

@@ -43,3 +43,37 @@ def test_emitted_schedule_runs_in_vllm_through_spec_config_file(tmp_path, embedd
     assert max(lat["spec_metrics"]["num_draft_tokens"] / lat["spec_metrics"]["num_drafts"], 0) <= 3
     assert per_token["throughput"] < per_token["latency"]  # 4 in flight: K = 0 until the tail
     assert tput["summary"]["peak_in_flight"] >= 2
+
+
+def test_tune_end_to_end_writes_config_table_and_verification(tmp_path, embedded_pair):
+    from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
+
+    out = tmp_path / "tune"
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", "tune", "--engine", "vllm", "--spec", "ngram",
+         "--tune-k", "1", "3", "--concurrency", "1", "4", "--num-prompts", "4",
+         "--max-new-tokens", "24", "--max-rounds", "3", "--verify-rounds", "3", "--warmup", "1",
+         "--quiet", "--output-dir", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith(("tune: verified", "tune: verification FAILED")), proc.stdout[:500]
+    assert (proc.returncode == 0) == first.startswith("tune: verified")
+    cfg = json.loads((out / "speculative_config.json").read_text())
+    assert cfg["method"] == "ngram" and cfg["prompt_lookup_max"] == 3
+    validate_and_normalize_dynamic_sd_schedule(cfg["num_speculative_tokens_per_batch_size"])
+    tune = json.loads((out / "tune.json").read_text())
+    assert [r["load"] for r in tune["search"]] == [1, 4]
+    assert {r["load"] for r in tune["verification"]["rows"]} == {1, 4}
+    for phase in ("search", "verify"):
+        res = json.loads((out / phase / "results.json").read_text())
+        assert res["runs"] and all(r["status"] == "ok" for r in res["runs"])
+    verify_runs = json.loads((out / "verify" / "results.json").read_text())["runs"]
+    assert {r["label"] for r in verify_runs} == {
+        "baseline",
+        "schedule",
+        tune["verification"]["fixed"],
+    }
+    md = (out / "tune.md").read_text()
+    assert "| load | candidate |" in md and "## Verification" in md
