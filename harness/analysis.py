@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.design import design_of
 from harness.records import RequestRecord
 from harness.results import Run
 from harness.stats import (
@@ -134,6 +135,8 @@ def comparisons(runs: Sequence[Run], *, min_effect: float = 0.02, seed: int = 0)
                      "no significant difference" | "n/a (n too small)" | "n/a"
         decides      True on the metric that decides this pair at this point: output_tok_s
                      in closed loop, e2e at a --request-rate (see deciding_metric)
+        design       how the pair's runs were scheduled (harness.design: "interleaved",
+                     "sequential", "mixed", "unknown")
         (harness.derived adds ``id`` and ``lossless``, the index of the pair's output check)
     """
     del seed
@@ -161,6 +164,7 @@ def comparisons(runs: Sequence[Run], *, min_effect: float = 0.02, seed: int = 0)
                         "workload": cell.workload,
                         **comp.to_json(),
                         "decides": metric == decides,
+                        "design": design_of(r.schedule for r in (*base, *cand)),
                     }
                 )
     return out

@@ -72,6 +72,9 @@ def summarize(
         total_tok_s=(out_tokens + in_tokens) / duration if duration > 0 else None,
         achieved_rate=(len(sends) - 1) / span if span > 0 else None,
         peak_in_flight=peak_in_flight(counted),
+        mean_in_flight=sum(r.t_end - r.t_send for r in counted) / duration
+        if duration > 0
+        else None,
         ttft_s=distribution(r.ttft for r in ok),
         tpot_s=distribution(r.tpot for r in ok),
         itl_s=distribution(x for r in ok for x in r.itl),

@@ -11,9 +11,11 @@ import pytest
 
 from engines import base as engines_base
 from engines.base import Chunk, EngineConfig, GenParams, Request
+from harness.analysis import comparisons
 from harness.design import INTERLEAVED, SEQUENTIAL, lane_order, warmup_requests
 from harness.plan import RunPlan
 from harness.session import Session
+from harness.stats import summarize
 from tests.clock import FakeClock, ScriptedEngine
 
 PROMPTS = [Request(f"p{i}", f"prompt number {i} with some words") for i in range(4)]
@@ -124,6 +126,13 @@ def test_session_interleaves_and_rotates_every_lane() -> None:
         assert firsts == set(labels)  # rotated: each lane leads one block
     # alternation: no variant runs twice in a row
     assert all(a.cell.label != b.cell.label for a, b in zip(runs, runs[1:]))
+    comps = comparisons(session.runs)
+    assert comps and {c["design"] for c in comps} == {INTERLEAVED}
+    for run in runs:  # achieved load, stored per run: peak and time-averaged requests in flight
+        s = summarize(run.records)
+        cap = 1 if run.cell.mode == "latency" else 2
+        assert s["peak_in_flight"] == cap and 0.9 * cap <= s["mean_in_flight"] <= cap
+        assert s["achieved_rate"] > 0
 
 
 def test_warmups_are_unmeasured_prompts_and_caches_reset_before_each_run() -> None:
