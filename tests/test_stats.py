@@ -7,7 +7,7 @@ from harness.analysis import compare_groups, comparisons, precise_enough
 from harness.pooled import pooled
 from harness.records import RequestRecord
 from harness.results import Cell, Run
-from harness.stats import compare_log_ratios, distribution, median, summarize, verdict
+from harness.stats import compare_log_ratios, distribution, median, summarize, t975, verdict
 
 
 def _records(rng, speed: float, n_prompts=20, tokens=64):
@@ -166,3 +166,9 @@ def test_summary_counts_failures_apart_and_excludes_warmups():
     assert s["duration_s"] == pytest.approx(1.5)
     assert s["output_tok_s"] == pytest.approx(3 / 1.5)
     assert s["peak_in_flight"] == 2
+
+
+def test_t_quantiles_from_the_table_and_beyond():
+    assert t975(2) == pytest.approx(4.303) and t975(7) == pytest.approx(2.365)
+    for df, exact in [(31, 2.0395), (60, 2.0003), (120, 1.9799)]:  # Cornish-Fisher
+        assert t975(df) == pytest.approx(exact, abs=1e-3)
