@@ -172,3 +172,27 @@ def test_t_quantiles_from_the_table_and_beyond():
     assert t975(2) == pytest.approx(4.303) and t975(7) == pytest.approx(2.365)
     for df, exact in [(31, 2.0395), (60, 2.0003), (120, 1.9799)]:  # Cornish-Fisher
         assert t975(df) == pytest.approx(exact, abs=1e-3)
+
+
+def test_sequential_design_claims_no_paired_verdict():
+    """Each variant's repeats back to back: drift between the blocks is confounded with the
+    variant, so the estimate is shown without a CI or verdict (interleaved: a verdict)."""
+    from dataclasses import replace
+
+    from harness.design import INTERLEAVED, SEQUENTIAL, Slot
+
+    rng = np.random.default_rng(4)
+    runs = [
+        _run(_records(rng, s), lb, r)
+        for r in range(3)
+        for lb, s in [("baseline", 1), ("ngram", 1.5)]
+    ]
+    for design, verdict_ in [(INTERLEAVED, "faster"), (SEQUENTIAL, "n/a (sequential design)")]:
+        slotted = [
+            replace(run, schedule=Slot(design, 0, run.cell.repeat, 0, i))
+            for i, run in enumerate(runs)
+        ]
+        tok = next(c for c in comparisons(slotted) if c["metric"] == "output_tok_s")
+        assert tok["design"] == design and tok["verdict"] == verdict_
+        assert tok["estimate"] == pytest.approx(1.5, rel=0.1)
+        assert (tok["lo"] is None) == (design == SEQUENTIAL)
