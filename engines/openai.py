@@ -1,10 +1,13 @@
-"""An existing OpenAI-compatible server (vLLM, SGLang, TGI, ...) over aiohttp, streamed with SSE.
+"""An existing OpenAI-compatible server (vLLM, SGLang, TGI, transformers serve, ...) over
+aiohttp, streamed with SSE.
 
 Requests are spread round-robin over ``base_urls``. vLLM servers are asked for per-chunk token
 ids (``return_token_ids``), ``ignore_eos`` and ``min_tokens``; other servers get plain OpenAI
-requests and every SSE event with new text counts as one token (the server's usage corrects the
-total). Speculative counters and load gauges come from ``/metrics`` (see :mod:`engines.prom`).
-No torch, transformers or vllm import: an HTTP run stays light.
+requests (transformers serve answers 422 to unknown fields) and every SSE event with new text
+counts as one token. The total is the server's usage, else the token ids, else the local
+tokenizer's count of the text; each record says which, and how its stream ended (see
+:mod:`engines.sse`). Speculative counters and load gauges come from ``/metrics`` (see
+:mod:`engines.prom`). No torch, transformers or vllm import: an HTTP run stays light.
 """
 
 from __future__ import annotations

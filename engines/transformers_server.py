@@ -5,19 +5,28 @@ Process handling is :class:`engines.vllm_server.VLLMServerEngine`'s (own process
 127.0.0.1 and a free port, a log file, ``/health``, SIGTERM then SIGKILL); only the command line
 and the environment differ. Without continuous batching the server generates one request at a
 time on one thread; ``transformers-server-cb`` passes ``--continuous-batching`` (paged attention,
-requests batched as they arrive). Its stream ends with a ``finish_reason`` + ``usage`` chunk and
+requests batched as they arrive; on CPU its cache is held to ~1 GiB). Its stream ends with a ``finish_reason`` + ``usage`` chunk and
 no ``[DONE]``; its ``/v1/models`` scans the Hugging Face cache (500 when there is none), so the
 model is always requested by name. No ``/metrics``: no speculative counters, no load gauges.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, ClassVar
 
 from engines.base import EngineConfig, EngineError
 from engines.vllm_server import VLLMServerEngine, to_flags
 
 RESERVED = ("host", "port", "force_model", "model")
+CB_CPU_CACHE_BYTES = 1 << 30  # as vllm-server's CPU default: else the paged cache takes 90% of RAM
+
+
+def _cpu_cache_share() -> float:
+    """``--cb-max-memory-percent`` giving the paged KV cache ~1 GiB of this machine's RAM (on CPU
+    the default share, 0.9 of all RAM, got the server SIGKILLed at its first request here)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return round(min(0.9, CB_CPU_CACHE_BYTES / total), 4)
 
 
 class TransformersServerEngine(VLLMServerEngine):
@@ -34,9 +43,8 @@ class TransformersServerEngine(VLLMServerEngine):
         super().validate(config)
 
     def _env(self) -> dict[str, str]:
-        env = super()._env()  # the shim only names vLLM's version; Intel OpenMP helps torch too
-        env.setdefault("HF_HUB_DISABLE_UPDATE_CHECK", "1")  # no PyPI query at start-up
-        return env
+        """The harness's environment (none of vLLM's shims), without the PyPI version query."""
+        return {**os.environ, "HF_HUB_DISABLE_UPDATE_CHECK": "1"}
 
     @staticmethod
     def _inner_config(config: EngineConfig, base_url: str) -> EngineConfig:
@@ -54,6 +62,9 @@ class TransformersServerEngine(VLLMServerEngine):
             "default_seed": cfg.seed,
             "continuous_batching": self.continuous_batching,
         }
+        sized = {"cb_max_memory_percent", "cb_num_blocks"} & set(cfg.engine_args)
+        if self.cpu and self.continuous_batching and not sized:
+            args["cb_max_memory_percent"] = _cpu_cache_share()
         args.update(cfg.engine_args)
         for reserved in RESERVED:
             if reserved in args:

@@ -1,7 +1,7 @@
 """A second real server: ``transformers serve`` started by TransformersServerEngine on the embedded
 target, over loopback, driven by the plain ``openai`` engine through the runner.
 
-One server for the module. Its ``/v1/models`` answers 500 here for real (the Hugging Face cache
+One server of each kind (without and with continuous batching) for the module. Its ``/v1/models`` answers 500 here for real (the Hugging Face cache
 directory it scans is pointed at a path that does not exist), so every test also runs "with the
 model listing failing and the model named".
 """
@@ -40,26 +40,41 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 
 
 @pytest.fixture(scope="module")
-def server(
+def servers(
     loop: asyncio.AbstractEventLoop,
     tmp_path_factory: pytest.TempPathFactory,
     embedded_pair: tuple[str, str],
-) -> Iterator[TransformersServerEngine]:
+) -> Iterator[dict[str, TransformersServerEngine]]:
+    """Without and with continuous batching, started concurrently."""
     tmp = tmp_path_factory.mktemp("ts")
     mp = pytest.MonkeyPatch()
     mp.setenv("HF_HUB_CACHE", str(tmp / "no-cache-here"))  # -> /v1/models answers 500
-    cfg = EngineConfig(
-        engine="transformers-server",
-        model=embedded_pair[0],
-        dtype="float32",
-        options={"log_path": str(tmp / "server.log"), "start_timeout": 240},
-    )
-    eng = TransformersServerEngine(cfg)
-    loop.run_until_complete(eng.start())
-    mp.undo()
-    yield eng
-    loop.run_until_complete(eng.close())
-    assert eng.proc is None
+    engines: dict[str, TransformersServerEngine] = {}
+    for name, cls in (("plain", TransformersServerEngine), ("cb", TransformersServerCBEngine)):
+        cfg = EngineConfig(
+            engine=cls.name,
+            model=embedded_pair[0],
+            dtype="float32",
+            options={"log_path": str(tmp / f"{name}.log"), "start_timeout": 240},
+        )
+        engines[name] = cls(cfg)
+
+    async def start_all() -> None:
+        await asyncio.gather(*(e.start() for e in engines.values()))
+
+    try:
+        loop.run_until_complete(start_all())
+    finally:
+        mp.undo()
+    yield engines
+    for e in engines.values():
+        loop.run_until_complete(e.close())
+        assert e.proc is None
+
+
+@pytest.fixture(scope="module")
+def server(servers: dict[str, TransformersServerEngine]) -> TransformersServerEngine:
+    return servers["plain"]
 
 
 def _openai(server: TransformersServerEngine, **options: Any) -> OpenAIEngine:
@@ -67,11 +82,25 @@ def _openai(server: TransformersServerEngine, **options: Any) -> OpenAIEngine:
     return OpenAIEngine(EngineConfig(engine="openai", model=server.config.model, options=opts))
 
 
-@pytest.mark.parametrize("endpoint", ["chat", "completions"])
-@pytest.mark.parametrize("mode", ["latency", "throughput"])
+@pytest.mark.parametrize(
+    ("which", "mode", "endpoint"),
+    [
+        ("plain", "latency", "chat"),
+        ("plain", "latency", "completions"),
+        ("plain", "throughput", "chat"),
+        ("plain", "throughput", "completions"),
+        ("cb", "throughput", "chat"),
+        ("cb", "throughput", "completions"),
+    ],
+)
 def test_every_request_ok_with_the_servers_token_counts(
-    loop: asyncio.AbstractEventLoop, server: TransformersServerEngine, endpoint: str, mode: str
+    loop: asyncio.AbstractEventLoop,
+    servers: dict[str, TransformersServerEngine],
+    which: str,
+    mode: str,
+    endpoint: str,
 ) -> None:
+    server = servers[which]
     engine = _openai(server, endpoint=endpoint, served_model=server.config.model)
     strategy = Synchronous() if mode == "latency" else Concurrent(4)
     reqs = [Request(id=f"r{i}", prompt=p) for i, p in enumerate(PROMPTS)]
@@ -115,6 +144,8 @@ def test_argv_and_validation(embedded_pair: tuple[str, str]) -> None:
         EngineConfig(engine="transformers-server-cb", model=embedded_pair[0], device="cpu")
     )
     assert "--continuous-batching" in cb.argv and "--device" in cb.argv
+    share = float(cb.argv[cb.argv.index("--cb-max-memory-percent") + 1])
+    assert 0 < share <= 0.9  # ~1 GiB of RAM for the paged cache, not 90% of it
     spec = EngineConfig(engine="transformers-server", model="m", spec_config={"method": "ngram"})
     with pytest.raises(EngineError, match="no speculative method"):
         TransformersServerEngine.validate(spec)
