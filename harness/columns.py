@@ -39,7 +39,8 @@ def _fixed(digits: int, scale: float = 1.0) -> Callable[[Any], str]:
 
 
 def ci_text(c: Mapping[str, Any] | None) -> str:
-    """A speedup with its CI, n and method ("1.42x [1.23, 1.66] n=16 t"), or why there is none."""
+    """A speedup with its CI, n and method ("1.42x [1.23, 1.66] n=16 t"), or why there is no CI
+    ("1.42x, CI n/a (n too small) n=2 t")."""
     if not c:
         return "n/a"
     est, lo, hi = c.get("estimate"), c.get("lo"), c.get("hi")
@@ -47,8 +48,9 @@ def ci_text(c: Mapping[str, Any] | None) -> str:
         return "n/a"
     n, method = c.get("n"), c.get("method")
     tail = f" n={n}" + (f" {method_tag(method)}" if method else "")
-    if lo is None or hi is None:
-        return f"{est:.2f}x, CI n/a (n too small){tail}"
+    if lo is None or hi is None:  # the stats say why there is none ("n/a (n too small)")
+        why = str(c.get("verdict") or "")
+        return f"{est:.2f}x, CI {why if why.startswith('n/a') else 'n/a'}{tail}"
     return f"{est:.2f}x [{lo:.2f}, {hi:.2f}]{tail}"
 
 

@@ -143,8 +143,9 @@ def test_every_printed_ci_shows_n_and_method(derived):
     md2 = render(analyze(two, min_effect=0.02, temperature=0.0))
     few = re.findall(r"\d+\.\d\dx[^|]*", md2)
     assert few and all("CI n/a (n too small) n=2 t" in x for x in few), few
-    no_ci = {"estimate": 1.23, "lo": None, "hi": None, "n": 2, "method": "t on log ratios"}
-    assert ci_text(no_ci) == "1.23x, CI n/a (n too small) n=2 t"
+    no_ci = {"estimate": 1.23, "lo": None, "hi": None, "n": 5, "method": "t on log ratios"}
+    seq = {**no_ci, "verdict": "n/a (sequential design)"}
+    assert ci_text(seq) == "1.23x, CI n/a (sequential design) n=5 t"
 
 
 def test_report_reads_the_stored_file_and_refuses_unknown_schemas(tmp_path, derived, capsys):
