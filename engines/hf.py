@@ -232,6 +232,8 @@ class HFEngine:
     # ---- generation --------------------------------------------------------------------------
     def _encode(self, request: Request) -> tuple[list[int], bool]:
         tok = self.tokenizer
+        if request.prompt_token_ids is not None:  # a synthetic workload's exact ids
+            return list(request.prompt_token_ids), False
         if request.messages is not None:
             if getattr(tok, "chat_template", None):
                 text = tok.apply_chat_template(

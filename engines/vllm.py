@@ -307,6 +307,8 @@ class VLLMEngine:
 
     def _encode(self, request: Request) -> list[int]:
         """Prompt token ids: chat template for messages when the tokenizer has one."""
+        if request.prompt_token_ids is not None:  # a synthetic workload's exact ids
+            return list(request.prompt_token_ids)
         tok = self._llm.get_tokenizer()
         if request.messages is not None:
             msgs = [dict(m) for m in request.messages]

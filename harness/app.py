@@ -31,6 +31,7 @@ GRACE_S = 5.0  # in-flight requests get this long after Ctrl-C before they are c
 
 
 def build_plan(args: argparse.Namespace, model: str, draft: str | None) -> RunPlan:
+    """The plan of the run; after :func:`resolve_dataset` (which fills ``args.dataset``)."""
     engines = tuple(e.strip() for e in args.engine.split(",") if e.strip())
     check_engines(engines)
     methods = parse_methods(args.spec)
@@ -56,6 +57,8 @@ def build_plan(args: argparse.Namespace, model: str, draft: str | None) -> RunPl
         raise UsageError("--concurrency applies to throughput mode; use --mode throughput or both")
     if args.request_rate and args.mode == "latency":
         raise UsageError("--request-rate applies to throughput mode; use --mode throughput or both")
+    if args.duration and args.mode == "latency":
+        raise UsageError("--duration applies to throughput mode; use --mode throughput or both")
     if args.min_effect < 0 or args.min_effect >= 1:
         raise UsageError("--min-effect: expected a fraction in [0, 1), e.g. 0.02")
     if args.max_error_rate is not None and not 0 <= args.max_error_rate <= 1:
@@ -107,14 +110,19 @@ def build_plan(args: argparse.Namespace, model: str, draft: str | None) -> RunPl
         concurrency=tuple(args.concurrency or ([] if args.request_rate else [16])),
         request_rates=tuple(args.request_rate or ()),
         burstiness=args.burstiness,
-        max_new_tokens=tuple(args.max_new_tokens or [DEFAULT_MAX_NEW_TOKENS]),
+        max_new_tokens=tuple(args.max_new_tokens or [_default_length(args)]),
         lengths_from_workload=args.max_new_tokens is None,
+        duration=args.duration,
+        fill_concurrency=args.num_prompts is None and args.duration is None,
+        metric_percentiles=tuple(args.metric_percentiles or (50.0, 90.0, 99.0)),
+        percentile_metrics=_percentile_table(args),
+        metadata=dict(args.metadata),
         repeats=args.repeats,
         warmup=args.warmup,
         target_ci=args.target_ci,
         max_repeats=max(args.max_repeats, args.repeats) if args.target_ci else args.repeats,
         seed=args.seed,
-        workload=args.workload,
+        workload=args.dataset.workload,
         dtype=args.dtype,
         device=args.device,
         engine_args=engine_args,
@@ -137,6 +145,80 @@ def spec_config_arg(value: str | None) -> dict[str, Any] | None:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise UsageError(f"--spec-config: {path}: {reason}") from None
     return _json_arg(f"--spec-config: {path}", text)
+
+
+def _percentile_table(args: argparse.Namespace) -> tuple[str, ...]:
+    """The metrics of the percentile table: asked for by either vLLM flag, else none."""
+    from harness.vllm_flags import PERCENTILE_METRICS
+
+    if args.percentile_metrics is None and args.metric_percentiles is None:
+        return ()
+    return tuple(args.percentile_metrics or PERCENTILE_METRICS)
+
+
+def _default_length(args: argparse.Namespace) -> int:
+    """A synthetic dataset's output length names its points; else the default."""
+    if args.dataset.workload == "random":
+        return args.random_output_len
+    if args.dataset.workload == "prefix_repetition":
+        return args.prefix_repetition_output_len
+    return DEFAULT_MAX_NEW_TOKENS
+
+
+def resolve_dataset(args: argparse.Namespace) -> None:
+    """--dataset-name/--dataset-path (vllm bench serve's) or --workload, into ``args.dataset``;
+    a synthetic dataset implies --ignore-eos and vLLM's default of 1000 prompts."""
+    from harness.vllm_flags import dataset_choice
+
+    try:
+        args.dataset = dataset_choice(
+            args.workload,
+            args.workload != "default",
+            args.workload_format,
+            args.dataset_name,
+            args.dataset_path,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.dataset.synthetic:
+        from workloads.synthetic import parse_range_ratio
+
+        parse_range_ratio(args.random_range_ratio)  # a bad ratio is reported before loading
+        args.ignore_eos = True
+        if args.num_prompts is None and args.duration is None:
+            args.num_prompts = 1000
+
+
+def load_dataset(args: argparse.Namespace, model: str) -> Any:
+    """The workload: a file (shipped or the user's) or prompts made with the target's tokenizer."""
+    from workloads import load_workload, synthetic_workload
+    from workloads.synthetic import PrefixRepetitionSpec, RandomSpec, parse_range_ratio
+
+    choice = args.dataset
+    if not choice.synthetic:
+        return load_workload(
+            choice.workload,
+            fmt=choice.fmt,
+            num_prompts=args.num_prompts,
+            seed=args.seed,
+            turn=args.turn,
+        )
+    if choice.workload == "random":
+        spec: Any = RandomSpec(
+            args.random_input_len,
+            args.random_output_len,
+            parse_range_ratio(args.random_range_ratio),
+            args.random_prefix_len,
+        )
+    else:
+        spec = PrefixRepetitionSpec(
+            args.prefix_repetition_prefix_len,
+            args.prefix_repetition_suffix_len,
+            args.prefix_repetition_num_prefixes,
+            args.prefix_repetition_output_len,
+        )
+    n = args.num_prompts or 1000
+    return synthetic_workload(choice.workload, args.tokenizer or model, n, spec, args.seed)
 
 
 def resolve_models(args: argparse.Namespace) -> tuple[str, str | None]:
@@ -265,24 +347,22 @@ def output_dir(args: argparse.Namespace) -> Path:
 
 
 def run_main(args: argparse.Namespace) -> int:
-    from workloads import WorkloadError, load_workload
+    from workloads import WorkloadError
 
     if args.quiet:  # before any engine imports vLLM: its INFO lines are progress, not results
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
     try:
         goodput = _goodput(args.goodput)
-        workload = load_workload(
-            args.workload,
-            fmt=args.workload_format,
-            num_prompts=args.num_prompts,
-            seed=args.seed,
-            turn=args.turn,
-        )
+        resolve_dataset(args)
+        if not args.dataset.synthetic:  # a bad file is reported before anything loads
+            workload = load_dataset(args, args.model)
         draft = args.draft_model or ("embedded:draft" if args.model == "embedded" else None)
         build_plan(args, args.model, draft)  # flags checked before any model is touched
         out = output_dir(args)
         model, draft = resolve_models(args)
+        if args.dataset.synthetic:  # made with the target's tokenizer
+            workload = load_dataset(args, model)
         plan = build_plan(args, model, draft)
         configs = variant_servers(plan.engine_configs(engine_methods(plan)))
         check_models(plan)
@@ -376,7 +456,13 @@ async def _execute(args, plan, configs, workload, out: Path, goodput) -> int:
         plots=not args.no_plots,
         temperature=args.temperature,
         design=design,
+        ignore_eos=args.ignore_eos,
     )
+    if args.save_vllm_json:
+        from harness.vllm_json import export_dir
+
+        written = export_dir(results, out / "vllm", args.result_filename)
+        print(f"[harness] vllm bench result files: {written}", file=sys.stderr)
     summary = (out / "summary.md").read_text()
     if not interrupted:
         print(summary)
@@ -432,6 +518,7 @@ def finalize(
     plots: bool = True,
     temperature: float = 0.0,
     design: dict[str, Any] | None = None,
+    ignore_eos: bool = False,
 ) -> dict[str, Any]:
     """Derive every number once (:func:`harness.derived.analyze`), write results.json
     (atomically), then summary.md and plots from it alone."""
@@ -449,16 +536,19 @@ def finalize(
             "min_effect": min_effect,
             "goodput": goodput,
             "temperature": temperature,
+            "ignore_eos": ignore_eos,
         },
+        "metadata": dict(plan.metadata),
         "workload": {
             "name": workload.name,
             "path": str(workload.path),
             "format": workload.fmt,
             "num_requests": len(workload.requests),
             "fingerprint": workload.fingerprint,
+            "params": None if workload.params is None else dict(workload.params),
         },
         "design": design,  # harness.design: which variant ran when, and the cache policy
-        "runs": [r.to_json(summarize(r.records, goodput)) for r in runs],
+        "runs": [r.to_json(summarize(r.records, goodput, plan.metric_percentiles)) for r in runs],
     }
     results |= analyze(
         runs,
@@ -467,6 +557,7 @@ def finalize(
         temperature=temperature,
         goodput=goodput,
         bound=_speed_of_light(plan, runs),
+        percentiles=plan.metric_percentiles,
     )
     atomic_write(out / "results.json", json.dumps(results, indent=1))
     md = render(results)

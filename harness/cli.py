@@ -9,6 +9,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from harness import vllm_flags
+
 # Repeats are the unit of every CI (harness/stats.py). 8 detect a 10% speedup of tokens/s with
 # 89% power at 5% run-to-run noise (README, Statistics; tests/test_calibration.py); 3 give 25%.
 DEFAULT_REPEATS = 8
@@ -25,6 +27,7 @@ examples:
   python -m harness --engine hf,vllm --spec ngram --mode latency --num-prompts 8
   python -m harness --engine vllm --spec --concurrency 1 4 16 --max-new-tokens 50 200
   python -m harness --engine openai --base-url http://127.0.0.1:8000/v1 --concurrency 32
+  python -m harness --engine vllm --dataset-name random --random-input-len 256 --random-output-len 32 --max-concurrency 4 --num-prompts 64
 """
 
 
@@ -80,8 +83,11 @@ def _goodput(items: Sequence[str] | None) -> dict[str, float] | None:
     out = {}
     for item in items:
         name, sep, ms = item.partition(":")
+        name = "e2e" if name == "e2el" else name  # vllm bench serve's name
         if not sep or name not in ("ttft", "tpot", "e2e"):
-            raise UsageError(f"--goodput: expected ttft:MS, tpot:MS or e2e:MS, got {item!r}")
+            raise UsageError(
+                f"--goodput: expected ttft:MS, tpot:MS or e2el:MS (e2e:MS), got {item!r}"
+            )
         try:
             out[name] = float(ms)
         except ValueError:
@@ -225,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.add_argument(
         "--concurrency",
+        "--max-concurrency",
         type=positive_int,
         nargs="+",
         default=None,
@@ -238,6 +245,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="throughput mode: open-loop arrivals per second (list = sweep)",
     )
     m.add_argument(
+        "--duration",
+        type=positive_float,
+        default=None,
+        metavar="S",
+        help="throughput mode: send for S seconds per point (cycling the prompts with fresh "
+        "ids), then let what is in flight finish",
+    )
+    m.add_argument(
         "--burstiness",
         type=positive_float,
         default=1.0,
@@ -247,8 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-new-tokens",
         type=positive_int,
         nargs="+",
-        default=[64],
-        help="output length (list = sweep; default 64)",
+        default=None,
+        help="output length (list = sweep; default 64, or the workload's own lengths)",
     )
     m.add_argument(
         "--ignore-eos", action="store_true", help="generate exactly max-new-tokens tokens"
@@ -277,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument(
         "--warmup",
+        "--num-warmups",
         type=non_negative_int,
         default=2,
         help="warm-up requests before each point, recorded but not counted (default 2)",
@@ -292,10 +308,11 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=None,
         metavar="METRIC:MS",
-        help="SLOs for goodput, e.g. ttft:500 tpot:50",
+        help="SLOs for goodput, e.g. ttft:500 tpot:50 e2el:2000",
     )
     r.add_argument(
         "--output-dir",
+        "--result-dir",
         default=None,
         help="where results.json and summary.md go (default results/<timestamp>)",
     )
@@ -350,14 +367,16 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--api-key-file", default=None, help="file holding the API key")
     h.add_argument(
         "--served-model",
+        "--served-model-name",
         default=None,
         help="model name to request (default: the first of /v1/models)",
     )
     h.add_argument(
         "--endpoint",
         default=None,
-        choices=["completions", "chat"],
-        help="force an endpoint (default: completions for prompts, chat for messages)",
+        type=vllm_flags.endpoint_arg,
+        help="force an endpoint: completions (/v1/completions) or chat (/v1/chat/completions); "
+        "default: completions for prompts, chat for messages",
     )
     h.add_argument(
         "--request-timeout",
@@ -380,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=600.0,
         help="vllm-server, transformers-server: seconds to wait for /health",
     )
+    vllm_flags.add_group(p)
     return p
 
 

@@ -170,6 +170,31 @@ THEORY: tuple[Column, ...] = (
     ),
 )
 
+# --percentile-metrics (vLLM's names) -> the stored distribution they read
+PERCENTILE_KEYS = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_s", "e2el": "e2e_s"}
+
+
+def percentile_columns(config: Mapping[str, Any]) -> tuple[Column, ...]:
+    """The table of ``--percentile-metrics`` x ``--metric-percentiles`` (when asked for): one
+    column per metric and percentile, as vllm bench serve prints them (ms)."""
+    metrics = config.get("percentile_metrics") or ()
+    if not metrics:
+        return ()
+    cols = [Column("name", "engine/variant", lambda x: x.entry["name"], str)]
+    for m in metrics:
+        for p in config.get("metric_percentiles") or (50, 90, 99):
+            word = f"p{int(p)}" if float(p).is_integer() else f"p{p:g}"
+            cols.append(
+                Column(
+                    f"{m}_{word}",
+                    f"{m.upper()} {word} ms",
+                    _s(PERCENTILE_KEYS[m], word),
+                    _fixed(2, 1e3),
+                )
+            )
+    return tuple(cols)
+
+
 COMPARISONS: tuple[Column, ...] = (
     Column("pair", "pair", lambda x: f"{x.entry['candidate']} vs {x.entry['baseline']}", str),
     Column(

@@ -13,17 +13,32 @@ from harness.results import SCHEMA_VERSION
 
 
 def load_results(path: str) -> dict[str, Any]:
+    """A harness results.json, or a ``vllm bench serve --save-result`` file turned into one."""
+    from harness.vllm_json import read_vllm_file, to_results
+
     p = Path(path)
     if p.is_dir():
         p = p / "results.json"
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        text = p.read_text(encoding="utf-8")
+        data = json.loads(text)
     except FileNotFoundError:
         raise UsageError(f"{p}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{p}: not a results file (invalid JSON: {exc})") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{p}: not a results file (not UTF-8: {exc.reason})") from None
+    except json.JSONDecodeError as exc:
+        items = read_vllm_file(text)  # --append-result: one object a line
+        if items is None:
+            raise UsageError(f"{p}: not a results file (invalid JSON: {exc})") from None
+        return upgrade(to_results(items, str(p)))
+    items = read_vllm_file(text)
+    if items is not None:
+        return upgrade(to_results(items, str(p)))
     if not isinstance(data, dict) or "schema_version" not in data or "runs" not in data:
-        raise UsageError(f"{p}: not a results file (no schema_version/runs)")
+        raise UsageError(
+            f"{p}: not a results file (no schema_version/runs, nor vllm bench serve's "
+            "completed/duration/output_throughput)"
+        )
     version = data["schema_version"]
     if version == 1:  # before the analysis was stored: derive it once, here, from the runs
         return upgrade(data)
@@ -104,7 +119,8 @@ def compare(argv: Sequence[str]) -> int:
     if len(args.results) < 2:
         raise UsageError("compare: give at least two results files")
     files = [load_results(f) for f in args.results]
-    prints = {f.get("workload", {}).get("fingerprint") for f in files}
+    _align_vllm_runs(files)
+    prints = {f.get("workload", {}).get("fingerprint") for f in files} - {None}
     if len(prints) > 1 and not args.force:
         names = ", ".join(
             f"{a} ({f.get('workload', {}).get('name')}, {f.get('workload', {}).get('num_requests')} prompts)"
@@ -127,6 +143,7 @@ def compare(argv: Sequence[str]) -> int:
         temperature=temps.pop() if len(temps) == 1 else None,
         goodput=config.get("goodput"),
         bound={k: v for k, v in (files[0].get("speed_of_light") or {}).items() if k != "reached"},
+        percentiles=config.get("metric_percentiles") or (50, 90, 99),
     )
     rest = {k: v for k, v in files[0].items() if k not in KEYS and k != "upgraded_from"}
     print(render({**rest, "runs": runs_json, **derived}))
@@ -140,6 +157,18 @@ def _tags(paths: Sequence[str]) -> list[str]:
     if len(set(tags)) < len(tags):
         tags = [f"{t}#{i}" for i, t in enumerate(tags)]
     return tags
+
+
+def _align_vllm_runs(files: list[dict[str, Any]]) -> None:
+    """A vLLM bench file names no workload: its runs join the harness files' workload (the
+    prompts are then paired by index, which is what vLLM's order and the harness's ids share)."""
+    own = [r["workload"] for f in files if f.get("source") is None for r in f["runs"]]
+    for f in files:
+        if f.get("source") == "vllm bench serve":
+            for r in f["runs"]:
+                r["workload"] = r["workload"] or (own[0] if own else "vllm-bench")
+            if own:
+                f["workload"] = {**f["workload"], "name": own[0]}
 
 
 def main(argv: Sequence[str]) -> int:

@@ -21,6 +21,7 @@ from harness.crossover import crossover
 from harness.pooled import point_key, pooled
 from harness.results import Run
 from harness.sanity import lossless
+from harness.stats import PERCENTILES
 from harness.theory import theory
 
 KEYS = ("rows", "comparisons", "lossless", "theory", "crossover", "speed_of_light", "not_run")
@@ -38,10 +39,12 @@ def analyze(
     temperature: float | None = 0.0,
     goodput: Mapping[str, float] | None = None,
     bound: Mapping[str, Any] | None = None,
+    percentiles: Sequence[float] = PERCENTILES,
 ) -> dict[str, Any]:
-    """Every derived number of ``runs``; ``bound``: the batch-1 speed of light, if measured."""
+    """Every derived number of ``runs``; ``bound``: the batch-1 speed of light, if measured;
+    ``percentiles``: those kept beside 50, 90, 99 (``--metric-percentiles``)."""
     groups = group_runs(runs)
-    rows = [pooled(rs, goodput) for rs in groups.values()]
+    rows = [pooled(rs, goodput, percentiles) for rs in groups.values()]
     by_name = {(r["name"], r["point"]): (r, rs) for r, rs in zip(rows, groups.values())}
     comps = comparisons(runs, min_effect=min_effect, seed=seed)
     checks: list[dict[str, Any]] = []

@@ -18,6 +18,7 @@ from harness.columns import (
     ci_text,
     load_label,
     method_tag,
+    percentile_columns,
 )
 
 FOOTNOTE = (
@@ -100,6 +101,10 @@ def render(results: Mapping[str, Any]) -> str:
             Line(r, _at(comps, r.get("comparison")), _at(checks, r.get("lossless"))) for r in rows
         ]
         lines.append(table(MAIN, view, first.get("deciding_metric", "output_tok_s")))
+        lines += in_flight_notes(rows)
+        extra = percentile_columns(results.get("config") or {})
+        if extra:
+            lines += ["", table(extra, view)]
         if sol and first["mode"] == "latency":
             shares = ", ".join(
                 f"{s['name']} {'n/a' if s['share'] is None else format(s['share'], '.1%')}"
@@ -144,6 +149,20 @@ def render(results: Mapping[str, Any]) -> str:
     named = "; ".join(f"{method_tag(m)} = {m}" for m in methods)
     lines += ["", FOOTNOTE + (f" CI methods: {named}." if named else ""), ""]
     return "\n".join(lines)
+
+
+def in_flight_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A line for each configuration whose peak in flight (median over repeats) stayed below the
+    asked concurrency: too few requests, or the engine held them back; less load was measured."""
+    out = []
+    for r in rows:
+        asked, peak = r["load"].get("concurrency"), r["summary"].get("peak_in_flight")
+        if asked and asked > 1 and peak is not None and peak < asked:
+            out.append(
+                f"\n- {r['name']}: peak in flight {peak:g} < the asked concurrency {asked} "
+                f"(requests per repeat: {r['summary']['completed'] // max(1, r['repeats'])})"
+            )
+    return out
 
 
 def crossover_line(x: Mapping[str, Any], comps: Sequence[Mapping[str, Any]]) -> str:

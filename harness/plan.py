@@ -7,12 +7,16 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engines.base import SPEC_METHODS, EngineConfig, EngineError
+from engines.base import SPEC_METHODS, EngineConfig, EngineError, Request
 from harness.design import AA_LABEL
 from harness.load import Concurrent, LoadStrategy, Poisson, Synchronous
 from harness.results import Cell
+from workloads import Cycled
 
 DEFAULT_NGRAM = {"prompt_lookup_max": 3, "prompt_lookup_min": 1}
+# A closed-loop point sends at least this many times its concurrency (cycling the prompts), so
+# the steady state is measured rather than one wave that drains.
+STEADY_WAVES = 4
 
 
 class PlanError(ValueError):
@@ -56,6 +60,11 @@ class RunPlan:
     options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # engine -> options
     prefix_cache: str = "reset"  # harness.design.PREFIX_CACHE_POLICIES
     aa: bool = False  # A/A: the baseline twice (AA_LABEL), compared as usual
+    duration: float | None = None  # throughput: seconds of arrivals per point
+    fill_concurrency: bool = True  # throughput: cycle to STEADY_WAVES x concurrency requests
+    metric_percentiles: tuple[float, ...] = (50.0, 90.0, 99.0)
+    percentile_metrics: tuple[str, ...] = ()  # asked for: a percentile table per point
+    metadata: Mapping[str, str] = field(default_factory=dict)  # --metadata KEY=VALUE
 
     # ---- engine configurations ---------------------------------------------------------------
     def spec_configs(self, engine_methods: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
@@ -134,6 +143,20 @@ class RunPlan:
             for strategy in self.strategies(mode):
                 for n in self.max_new_tokens:
                     yield Point(mode, strategy, n)
+
+    def point_requests(self, point: Point, requests: Sequence[Request]) -> Sequence[Request]:
+        """The requests one point sends: the workload, cycled with fresh ids (seeded) to
+        ``STEADY_WAVES`` x its concurrency in throughput mode, or without end under ``duration``
+        (the runner stops sending at ``duration``)."""
+        cap = point.strategy.max_concurrency
+        if point.mode != "throughput" or not requests:
+            return requests
+        if self.duration is not None:
+            rate = getattr(point.strategy, "rate", 0.0)
+            return Cycled(requests, max(100_000, int(rate * self.duration * 3)), self.seed)
+        if self.fill_concurrency and cap and len(requests) < STEADY_WAVES * cap:
+            return Cycled(requests, STEADY_WAVES * cap, self.seed)
+        return requests
 
     def cell(self, engine: str, label: str, point: Point, repeat: int) -> Cell:
         return Cell(

@@ -9,7 +9,7 @@ from typing import Any
 
 from harness.results import Run
 from harness.sanity import sanity
-from harness.stats import instability, median, summarize
+from harness.stats import PERCENTILES, instability, median, summarize
 
 UNSTABLE = 0.10  # pyperf warns when repeats spread over 10% (stdev / median)
 
@@ -79,12 +79,16 @@ def decode_time(runs: Sequence[Run]) -> dict[str, float] | None:
     }
 
 
-def pooled(runs: list[Run], goodput: Mapping[str, float] | None = None) -> dict[str, Any]:
+def pooled(
+    runs: list[Run],
+    goodput: Mapping[str, float] | None = None,
+    percentiles: Sequence[float] = PERCENTILES,
+) -> dict[str, Any]:
     """The row of one configuration at one point: ``summary`` (repeats pooled), ``spec``,
     ``sanity``, and the repeats it used."""
     c = runs[0].cell
     records = [r for run in runs for r in run.records]
-    s = summarize(records, goodput)
+    s = summarize(records, goodput, percentiles)
     per_run = [summarize(run.records) for run in runs]
     per_rep = [x for x in (p.get("output_tok_s") for p in per_run) if x is not None]
     s["output_tok_s_runs"] = per_rep

@@ -98,8 +98,10 @@ class Runner:
         strategy: LoadStrategy,
         *,
         warmup: bool = False,
+        duration: float | None = None,
     ) -> list[RequestRecord]:
-        """Send every request as ``strategy`` says; return the records in send order."""
+        """Send every request as ``strategy`` says, none after ``duration`` seconds (those in
+        flight then finish); return the records in send order."""
         cap = strategy.max_concurrency
         limit = self.engine.max_batch()
         if cap != 1 and limit == 1:
@@ -107,8 +109,8 @@ class Runner:
         if cap != 1 and hasattr(self.engine, "stream_batch"):
             if strategy.offsets(2)[-1] != 0.0 or cap is None:
                 raise UnsupportedError("unsupported (static batching needs --concurrency N)")
-            return await self._run_static(requests, params, cap, warmup)
-        return await self._run_streams(requests, params, strategy, warmup)
+            return await self._run_static(requests, params, cap, warmup, duration)
+        return await self._run_streams(requests, params, strategy, warmup, duration)
 
     def _emit(self, record: RequestRecord) -> RequestRecord:
         if self.on_record is not None:
@@ -130,7 +132,12 @@ class Runner:
         return self._emit(timing.finish(self.clock(), error))
 
     async def _run_streams(
-        self, requests: Sequence[Request], params: GenParams, strategy: LoadStrategy, warmup: bool
+        self,
+        requests: Sequence[Request],
+        params: GenParams,
+        strategy: LoadStrategy,
+        warmup: bool,
+        duration: float | None = None,
     ) -> list[RequestRecord]:
         offsets = strategy.offsets(len(requests))
         slots = asyncio.Semaphore(strategy.max_concurrency) if strategy.max_concurrency else None
@@ -145,13 +152,16 @@ class Runner:
                     slots.release()
 
         try:
+            end = None if duration is None else t0 + duration
             for req, offset in zip(requests, offsets):
+                if end is not None and t0 + offset >= end:
+                    break
                 delay = t0 + offset - self.clock()
                 if delay > 0:
                     await self.sleep(delay)
                 if slots is not None:
                     await slots.acquire()
-                if self.should_stop():
+                if self.should_stop() or (end is not None and self.clock() >= end):
                     if slots is not None:
                         slots.release()
                     break
@@ -163,12 +173,18 @@ class Runner:
             raise
 
     async def _run_static(
-        self, requests: Sequence[Request], params: GenParams, size: int, warmup: bool
+        self,
+        requests: Sequence[Request],
+        params: GenParams,
+        size: int,
+        warmup: bool,
+        duration: float | None = None,
     ) -> list[RequestRecord]:
         """Fixed batches of ``size`` through ``engine.stream_batch`` (HF ``generate``)."""
         out: list[RequestRecord] = []
+        t0 = self.clock()
         for start in range(0, len(requests), size):
-            if self.should_stop():
+            if self.should_stop() or (duration is not None and self.clock() - t0 >= duration):
                 break
             batch = list(requests[start : start + size])
             t_send = self.clock()

@@ -220,7 +220,8 @@ class Session:
             head = Run(cell, config.spec_config, (), engine_info=info, schedule=slot).to_json({})
             self.journal.write("run", {"key": cell.key, "run": head})
 
-        bar = self._bar(cell.key, len(self.requests))
+        requests = self.plan.point_requests(p, self.requests)
+        bar = self._bar(cell.key, None if self.plan.duration else len(requests))
 
         def on_record(rec: RequestRecord) -> None:
             records.append(rec)
@@ -249,7 +250,7 @@ class Session:
             before, cache_before = await _counters(engine), _cache_counters(engine)
             sampler = _LoadSampler(engine, self.sample_load_s)
             async with sampler:
-                await runner.run(self.requests, params, p.strategy)
+                await runner.run(requests, params, p.strategy, duration=self.plan.duration)
             after, cache_after = await _counters(engine), _cache_counters(engine)
             if before is not None and after is not None:
                 spec_metrics = (after - before).to_metrics()
@@ -288,7 +289,7 @@ class Session:
                 },
             )
 
-    def _bar(self, desc: str, total: int) -> Any:
+    def _bar(self, desc: str, total: int | None) -> Any:
         if not self.progress:
             return None
         from tqdm import tqdm

@@ -17,18 +17,26 @@ from harness.records import RequestRecord
 PERCENTILES = (50, 90, 99)
 
 
-def distribution(values: Iterable[float | None]) -> dict[str, float | None]:
-    """mean, median, p90, p99, stdev of the non-missing values (None when there are none)."""
+def pkey(p: float) -> str:
+    """The key of a percentile as vllm bench serve writes it: p99, p99.9."""
+    return f"p{int(p)}" if float(p).is_integer() else f"p{p:g}"
+
+
+def distribution(
+    values: Iterable[float | None], percentiles: Sequence[float] = PERCENTILES
+) -> dict[str, float | None]:
+    """mean, median, p90, p99 (and any other ``percentiles``: ``--metric-percentiles``), stdev
+    of the non-missing values (None when there are none)."""
+    ps = list(dict.fromkeys([*PERCENTILES, *percentiles]))
     xs = np.array([v for v in values if v is not None], dtype=float)
     if xs.size == 0:
-        return {"n": 0, "mean": None, "median": None, "p90": None, "p99": None, "stdev": None}
-    p50, p90, p99 = np.percentile(xs, PERCENTILES)
+        return {"n": 0, "mean": None, "median": None, **{pkey(p): None for p in ps}, "stdev": None}
+    qs = np.percentile(xs, ps)
     return {
         "n": int(xs.size),
         "mean": float(xs.mean()),
-        "median": float(p50),
-        "p90": float(p90),
-        "p99": float(p99),
+        "median": float(qs[0]),
+        **{pkey(p): float(q) for p, q in zip(ps, qs)},
         "stdev": float(xs.std(ddof=1)) if xs.size > 1 else 0.0,
     }
 
@@ -44,7 +52,9 @@ def peak_in_flight(records: Sequence[RequestRecord]) -> int:
 
 
 def summarize(
-    records: Sequence[RequestRecord], goodput: Mapping[str, float] | None = None
+    records: Sequence[RequestRecord],
+    goodput: Mapping[str, float] | None = None,
+    percentiles: Sequence[float] = PERCENTILES,
 ) -> dict[str, Any]:
     """The per-run summary: counts, throughput and latency distributions (warm-ups excluded)."""
     counted = [r for r in records if not r.warmup]
@@ -75,11 +85,11 @@ def summarize(
         mean_in_flight=sum(r.t_end - r.t_send for r in counted) / duration
         if duration > 0
         else None,
-        ttft_s=distribution(r.ttft for r in ok),
-        tpot_s=distribution(r.tpot for r in ok),
-        itl_s=distribution(x for r in ok for x in r.itl),
-        itl_per_token_s=distribution(x for r in ok for x in r.itl_per_token),
-        e2e_s=distribution(r.e2e for r in ok),
+        ttft_s=distribution((r.ttft for r in ok), percentiles),
+        tpot_s=distribution((r.tpot for r in ok), percentiles),
+        itl_s=distribution((x for r in ok for x in r.itl), percentiles),
+        itl_per_token_s=distribution((x for r in ok for x in r.itl_per_token), percentiles),
+        e2e_s=distribution((r.e2e for r in ok), percentiles),
         mean_chunk_tokens=out_tokens / max(1, sum(len(r.chunk_tokens) for r in ok)),
     )
     if goodput:

@@ -142,6 +142,29 @@ CASES = {
     "bad goodput": (["--goodput", "ttft=5"], ["--goodput"]),
     "bad mode": (["--mode", "fast"], ["--mode", "fast"]),
     "resume without journal": (["--resume", "{tmp}"], ["--resume", "journal"]),
+    # vllm bench serve's names
+    "vllm endpoint path": (["--endpoint", "/v1/embeddings"], ["--endpoint", "URL path"]),
+    "custom dataset without path": (["--dataset-name", "custom"], ["custom", "--dataset-path"]),
+    "dataset and workload": (
+        ["--workload", "specbench", "--dataset-name", "spec_bench"],
+        ["--workload", "--dataset-name"],
+    ),
+    "dataset path missing": (
+        ["--dataset-name", "sharegpt", "--dataset-path", "/no/such.json"],
+        ["/no/such.json", "file not found"],
+    ),
+    "synthetic with path": (
+        ["--dataset-name", "random", "--dataset-path", "x.jsonl"],
+        ["random", "no --dataset-path"],
+    ),
+    "bad range ratio": (
+        ["--dataset-name", "random", "--random-range-ratio", "1.5"],
+        ["--random-range-ratio", "[0, 1)"],
+    ),
+    "bad metric percentiles": (["--metric-percentiles", "50,100"], ["--metric-percentiles"]),
+    "bad percentile metric": (["--percentile-metrics", "ttft,foo"], ["'foo'"]),
+    "bad metadata": (["--metadata", "novalue"], ["--metadata", "KEY=VALUE"]),
+    "duration in latency mode": (["--mode", "latency", "--duration", "5"], ["--duration"]),
 }
 
 FILES = {
@@ -233,5 +256,60 @@ def test_help_documents_every_flag():
         "--resume",
         "--max-error-rate",
         "--no-baseline",
+        "--max-concurrency",
+        "--num-warmups",
+        "--dataset-name",
+        "--random-input-len",
+        "--metric-percentiles",
+        "--save-result",
+        "--duration",
     ):
         assert flag in proc.stdout
+    assert "vllm bench serve names:" in proc.stdout
+
+
+def test_vllm_bench_names_mean_the_same():
+    from harness.app import resolve_dataset
+    from harness.cli import _goodput, build_parser
+
+    args = build_parser().parse_args(
+        [
+            "--max-concurrency",
+            "4",
+            "8",
+            "--num-warmups",
+            "3",
+            "--served-model-name",
+            "m",
+            "--result-dir",
+            "d",
+            "--endpoint",
+            "/v1/chat/completions",
+            "--dataset-name",
+            "sharegpt",
+            "--dataset-path",
+            "s.json",
+            "--metric-percentiles",
+            "50,99.9",
+            "--metadata",
+            "a=1",
+            "b=x=y",
+        ]
+    )
+    assert (args.concurrency, args.warmup, args.served_model, args.output_dir) == (
+        [4, 8],
+        3,
+        "m",
+        "d",
+    )
+    assert args.endpoint == "chat" and args.metric_percentiles == (50.0, 99.9)
+    assert dict(args.metadata) == {"a": "1", "b": "x=y"}
+    resolve_dataset(args)
+    assert (args.dataset.workload, args.dataset.fmt) == ("s.json", "sharegpt")
+    assert _goodput(["e2el:500", "ttft:20"]) == {"e2e": 500.0, "ttft": 20.0}
+    args = build_parser().parse_args(["--dataset-name", "random"])
+    resolve_dataset(args)
+    assert args.dataset.synthetic and args.ignore_eos and args.num_prompts == 1000
+    args = build_parser().parse_args(["--dataset-name", "spec_bench"])
+    resolve_dataset(args)
+    assert (args.dataset.workload, args.dataset.fmt) == ("specbench", "specbench")

@@ -6,7 +6,9 @@
 A shipped name wins over a file of the same name in the working directory (write ``./default``
 for the file). ``num_prompts=N`` draws a seeded sample of N entries without replacement
 (``random.Random(seed)``) and keeps them in file order, so the same (file, N, seed) always
-gives the same prompts in the same order.
+gives the same prompts in the same order. N larger than the file cycles through it
+(:class:`Cycled`): the whole file in order, then seeded reshuffles, each copy with a fresh id.
+Synthetic workloads (``random``, ``prefix_repetition``) are made by :func:`synthetic_workload`.
 """
 
 from __future__ import annotations
@@ -14,14 +16,17 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, overload
 
 from workloads.base import Request
 from workloads.readers import FORMATS, WorkloadError, read_requests
 
 __all__ = [
     "FORMATS",
+    "Cycled",
     "Request",
     "Workload",
     "WorkloadError",
@@ -29,6 +34,7 @@ __all__ = [
     "fingerprint",
     "load_workload",
     "shipped_path",
+    "synthetic_workload",
 ]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -71,6 +77,7 @@ class Workload:
     num_prompts: int | None = None  # None: the whole file
     seed: int = 0
     skipped: int = 0  # entries without the asked-for turn (only with skip_missing_turn)
+    params: Mapping[str, Any] | None = None  # a synthetic workload's lengths
     fingerprint: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -135,11 +142,67 @@ def load_workload(
                 None, f"must be an integer >= 1, got {num_prompts!r}", field="num_prompts"
             )
         if num_prompts > len(requests):
-            raise WorkloadError(
-                shown,
-                f"asked for {num_prompts} prompts but the workload has {len(requests)}",
-                field="num_prompts",
-            )
-        keep = sorted(random.Random(seed).sample(range(len(requests)), num_prompts))
-        requests = tuple(requests[i] for i in keep)
+            requests = tuple(Cycled(requests, num_prompts, seed))
+        else:
+            keep = sorted(random.Random(seed).sample(range(len(requests)), num_prompts))
+            requests = tuple(requests[i] for i in keep)
     return Workload(name, str(path), fmt, requests, turn, num_prompts, seed, skipped)
+
+
+def synthetic_workload(
+    name: str, tokenizer: str, num_prompts: int, spec: Any, seed: int = 0
+) -> Workload:
+    """``random`` or ``prefix_repetition`` prompts made with ``tokenizer`` (an HF id or path)."""
+    from workloads import synthetic
+
+    make = {
+        "random": synthetic.random_requests,
+        "prefix_repetition": synthetic.prefix_repetition_requests,
+    }
+    if name not in make:
+        raise WorkloadError(None, f"unknown synthetic dataset {name!r}", field="--dataset-name")
+    requests = make[name](synthetic.load_tokenizer(tokenizer), num_prompts, spec, seed)
+    params = {**synthetic.describe(spec), "tokenizer": tokenizer}
+    return Workload(name, "", name, requests, 0, num_prompts, seed, 0, params)
+
+
+class Cycled(Sequence[Request]):
+    """``n`` requests cycled from ``base``: pass 0 in order, each later pass a seeded
+    reshuffle (``random.Random(f"{seed}/{pass}")``), ids ``ID~K`` for the K-th copy. Lazy, so a
+    ``--duration`` run can ask for far more requests than it will send."""
+
+    def __init__(self, base: Sequence[Request], n: int, seed: int = 0) -> None:
+        if not base:
+            raise WorkloadError(None, "no requests to cycle through", field="num_prompts")
+        self.base, self.n, self.seed = tuple(base), n, seed
+        self._orders: dict[int, list[int]] = {}
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _at(self, i: int) -> Request:
+        k, j = divmod(i, len(self.base))
+        if k == 0:
+            return self.base[j]
+        if k not in self._orders:
+            order = list(range(len(self.base)))
+            random.Random(f"{self.seed}/{k}").shuffle(order)
+            self._orders[k] = order
+        r = self.base[self._orders[k][j]]
+        return replace(r, id=f"{r.id}~{k}")
+
+    @overload
+    def __getitem__(self, i: int) -> Request: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[Request, ...]: ...
+    def __getitem__(self, i: int | slice) -> Request | tuple[Request, ...]:
+        if isinstance(i, slice):
+            return tuple(self._at(k) for k in range(*i.indices(self.n)))
+        if i < 0:
+            i += self.n
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return self._at(i)
+
+    def __iter__(self) -> Iterator[Request]:
+        return (self._at(i) for i in range(self.n))

@@ -8,7 +8,11 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Request:
-    """One request of a workload: a text prompt or chat messages."""
+    """One request of a workload: a text prompt or chat messages.
+
+    ``prompt_token_ids``: the exact prompt ids of a synthetic workload (made with the target's
+    tokenizer); in-process engines send them as they are, HTTP engines send ``prompt``.
+    """
 
     id: str
     prompt: str | None = None
@@ -16,3 +20,4 @@ class Request:
     max_new_tokens: int | None = None
     category: str | None = None
     source: str = ""  # "file:line" for error messages
+    prompt_token_ids: tuple[int, ...] | None = None

@@ -1,0 +1,128 @@
+"""vLLM bench result files in and out: harness runs exported in vLLM's shape and read by vLLM's
+own sweep-plot code; vLLM results (ms, percent) imported as runs (s, fraction) for compare."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.commands import compare, load_results
+from harness.records import RequestRecord
+from harness.results import Cell, Run
+from harness.stats import summarize
+from harness.vllm_json import export_dir, from_run, to_run
+
+
+def _run(label: str, n: int, scale: float, repeat: int = 0) -> dict:
+    recs = []
+    for i in range(n):
+        t = i * 0.1
+        times = tuple(t + scale * (0.05 + 0.01 * k) for k in range(4))
+        recs.append(
+            RequestRecord(
+                str(i), t, times[-1] + 0.001, times, (1, 2, 1, 1), None, 7 + i, None, f"out{i}"
+            )
+        )
+    spec = None if label == "baseline" else {"method": "ngram", "num_speculative_tokens": 4}
+    metrics = (
+        None
+        if spec is None
+        else {
+            "num_drafts": 10,
+            "num_draft_tokens": 40,
+            "num_accepted_tokens": 12,
+            "acceptance_rate": 0.3,
+            "mean_acceptance_length": 2.2,
+            "acceptance_per_pos": [0.6, 0.3, 0.2, 0.1],
+        }
+    )
+    cell = Cell("vllm", label, "throughput", {"concurrency": 4}, 5, repeat, "random")
+    run = Run(cell, spec, tuple(recs), 0.0, metrics)
+    return run.to_json(summarize(run.records, {"e2e": 80.0}, (50, 90, 99, 99.9)))
+
+
+def _results(runs: list[dict]) -> dict:
+    return {
+        "schema_version": 1,
+        "created": "2026-11-30T10:00:00+00:00",
+        "config": {"model": "m", "metric_percentiles": [50, 90, 99, 99.9], "burstiness": 1.0},
+        "metadata": {"site": "lab"},
+        "workload": {"name": "random", "fingerprint": "abc", "num_requests": 8},
+        "runs": runs,
+    }
+
+
+def test_export_shape_units_and_round_trip(tmp_path: Path) -> None:
+    res = _results([_run("baseline", 8, 1.0), _run("ngram", 8, 0.5)])
+    d = from_run(res, res["runs"][1])
+    s = res["runs"][1]["summary"]
+    assert d["median_ttft_ms"] == pytest.approx(s["ttft_s"]["median"] * 1000)
+    assert d["p99.9_e2el_ms"] == pytest.approx(s["e2e_s"]["p99.9"] * 1000)
+    assert d["output_throughput"] == pytest.approx(s["output_tok_s"])
+    assert d["spec_decode_acceptance_rate"] == pytest.approx(30.0)  # vLLM: percent
+    assert (d["max_concurrency"], d["request_rate"], d["site"]) == (4, "inf", "lab")
+    assert len(d["itls"]) == len(d["ttfts"]) == len(d["start_times"]) == 8
+    back = to_run(d)
+    assert back["spec_metrics"]["acceptance_rate"] == pytest.approx(0.3)  # fraction again
+    assert back["summary"]["ttft_s"]["median"] == pytest.approx(s["ttft_s"]["median"])
+    assert (back["mode"], back["load"], back["max_new_tokens"]) == (
+        "throughput",
+        {"concurrency": 4},
+        5,
+    )
+    orig = Run.from_json(res["runs"][1]).records
+    again = Run.from_json(back).records
+    for a, b in zip(orig, again):
+        assert (a.request_id, a.output_tokens, a.prompt_tokens) == (
+            b.request_id,
+            b.output_tokens,
+            b.prompt_tokens,
+        )
+        assert (a.ttft, a.e2e, a.tpot) == pytest.approx((b.ttft, b.e2e, b.tpot))
+
+
+def test_compare_takes_a_vllm_file_next_to_a_harness_file(tmp_path: Path, capsys) -> None:
+    res = _results([_run("baseline", 8, 1.0, r) for r in range(3)])
+    (tmp_path / "h").mkdir()
+    (tmp_path / "h" / "results.json").write_text(json.dumps(res))
+    vllm_file = tmp_path / "vllm-result.json"
+    d = from_run(res, _run("baseline", 8, 0.5))  # "vLLM" twice as fast per token
+    vllm_file.write_text(json.dumps(d))
+    assert load_results(str(vllm_file))["runs"][0]["engine"] == "vllm-bench"
+    assert compare([str(tmp_path / "h"), str(vllm_file)]) == 0
+    out = capsys.readouterr().out
+    assert "vllm-bench@" in out and "vllm@" in out
+    ttft = [line for line in out.splitlines() if "vllm-bench" in line and "| ttft" in line]
+    assert ttft and "2.00x" in ttft[0]  # paired by prompt index: half the TTFT
+
+
+def test_bad_file_is_one_line(tmp_path: Path, capsys) -> None:
+    p = tmp_path / "x.json"
+    p.write_text(json.dumps({"completed": 3}))
+    from harness.cli import main
+
+    assert main(["compare", str(p), str(p)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a results file" in err[0]
+
+
+@pytest.mark.slow
+def test_vllm_sweep_plot_reads_the_export(tmp_path: Path) -> None:
+    """vLLM's own ``vllm bench sweep plot`` code loads the exported directory and draws it."""
+    from vllm.benchmarks.sweep.plot import PlotBinners, PlotFilters, plot
+
+    res = _results([_run(lb, 8, s, r) for lb, s in (("baseline", 1.0), ("ngram", 0.5))
+                    for r in range(2)])  # fmt: skip
+    out = export_dir(res, tmp_path / "vllm", str(tmp_path / "all.jsonl"))
+    summaries = sorted(out.rglob("summary.json"))
+    assert len(summaries) == 2 and len(json.loads(summaries[0].read_text())) == 2
+    assert len((tmp_path / "all.jsonl").read_text().splitlines()) == 4
+    plot(
+        out, tmp_path / "figs", [], [], [], ["label"],
+        var_x="max_concurrency", var_y="output_throughput",
+        filter_by=PlotFilters.parse_str(""), bin_by=PlotBinners.parse_str(""),
+        scale_x=None, scale_y=None, dry_run=False,
+    )  # fmt: skip
+    assert list((tmp_path / "figs").glob("*.png"))
