@@ -72,6 +72,8 @@ def run_harness(tmp_path, base_url, n, *extra):
             "fake-model",
             "--workload",
             workload(tmp_path, n),
+            "--num-prompts",  # exactly the file (no cycling to 4x the concurrency)
+            str(n),
             "--mode",
             "throughput",
             "--repeats",
