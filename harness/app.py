@@ -31,7 +31,9 @@ GRACE_S = 5.0  # in-flight requests get this long after Ctrl-C before they are c
 
 
 def build_plan(args: argparse.Namespace, model: str, draft: str | None) -> RunPlan:
-    """The plan of the run; after :func:`resolve_dataset` (which fills ``args.dataset``)."""
+    """The plan of the run (``args.dataset`` from :func:`resolve_dataset`, called if need be)."""
+    if getattr(args, "dataset", None) is None:
+        resolve_dataset(args)
     engines = tuple(e.strip() for e in args.engine.split(",") if e.strip())
     check_engines(engines)
     methods = parse_methods(args.spec)

@@ -126,3 +126,18 @@ def test_vllm_sweep_plot_reads_the_export(tmp_path: Path) -> None:
         scale_x=None, scale_y=None, dry_run=False,
     )  # fmt: skip
     assert list((tmp_path / "figs").glob("*.png"))
+
+
+def test_tables_show_asked_percentiles_and_a_short_peak_in_flight() -> None:
+    from harness.derived import analyze
+    from harness.markdown import render
+
+    res = _results([_run("baseline", 8, 1.0, r) for r in range(2)])
+    runs = [Run.from_json(r) for r in res["runs"]]
+    res["config"]["percentile_metrics"] = ["ttft", "e2el"]
+    md = render({**res, **analyze(runs, min_effect=0.02, percentiles=(50, 99.9))})
+    # the records never overlap: 1 in flight although 4 were asked
+    assert "vllm/baseline: peak in flight 1 < the asked concurrency 4" in md
+    assert "TTFT p99.9 ms" in md and "E2EL p50 ms" in md and "TPOT p99.9" not in md
+    res["config"]["percentile_metrics"] = []
+    assert "p99.9" not in render({**res, **analyze(runs, min_effect=0.02)})
