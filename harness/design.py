@@ -106,6 +106,7 @@ def warmup_requests(requests: Sequence[Request], n: int) -> list[Request]:
                 else tuple(
                     {**m, "content": _scramble(m.get("content", ""), k)} for m in src.messages
                 ),
+                prompt_token_ids=None,  # a synthetic prompt's ids: the scrambled text replaces them
             )
         )
     return out

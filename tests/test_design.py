@@ -161,6 +161,8 @@ def test_warmup_requests_share_no_prefix_with_measured_ones() -> None:
     assert all(not w.prompt.startswith(p.prompt[:4]) for w in warm for p in PROMPTS)
     chat = warmup_requests([Request("c", messages=({"role": "user", "content": "a b"},))], 1)
     assert chat[0].messages[0]["content"] == "warm-up 0: b a"
+    synth = warmup_requests([Request("s", "x y", prompt_token_ids=(0, 5, 6))], 1)
+    assert synth[0].prompt_token_ids is None and synth[0].prompt == "warm-up 0: y x"
 
 
 def test_interleaving_cancels_drift_that_sequential_blocks_turn_into_a_difference() -> None:
