@@ -16,15 +16,9 @@ from typing import Any
 
 from engines.base import EngineConfig, EngineError, engine_class
 from harness.cli import UsageError, _goodput, _json_arg, _kv_args, _variant_urls
+from harness.journal import Journal, atomic_write, runs_from_journal
 from harness.plan import PlanError, RunPlan, check_engines, parse_methods
-from harness.results import (
-    SCHEMA_VERSION,
-    Journal,
-    Run,
-    atomic_write,
-    environment,
-    runs_from_journal,
-)
+from harness.results import SCHEMA_VERSION, Run, environment
 
 DEFAULT_MAX_NEW_TOKENS = 64
 GRACE_S = 5.0  # in-flight requests get this long after Ctrl-C before they are cancelled

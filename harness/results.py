@@ -1,15 +1,14 @@
-"""The record of a harness run: runs of records, written as results.json (the source of truth),
-with a flushed-per-record journal so that nothing finished is ever lost."""
+"""The record of a harness run: what identifies a run (Cell), the run with its records (Run), and
+the environment it ran in. results.json holds them (the source of truth); the journal that
+loses nothing finished is in :mod:`harness.journal`."""
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
-import tempfile
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -148,83 +147,3 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor()
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file and a rename: never half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-class Journal:
-    """Append-only JSONL: a run's header, each record as it finishes, and the run's end."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = path.open("a", encoding="utf-8")
-
-    def write(self, kind: str, payload: Mapping[str, Any]) -> None:
-        self._f.write(json.dumps({"kind": kind, **payload}) + "\n")
-        self._f.flush()
-
-    def close(self) -> None:
-        self._f.close()
-
-
-def read_journal(path: Path) -> Iterator[dict[str, Any]]:
-    """The journal's entries; a torn last line (the process died mid-write) is skipped."""
-    if not path.exists():
-        return
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
-                continue
-
-
-def runs_from_journal(path: Path) -> tuple[list[Run], set[str]]:
-    """Rebuild runs from a journal: every run that started (with its end status, "interrupted"
-    when it has none), and the keys of the runs that finished (ok or unsupported: not redone)."""
-    heads: dict[str, dict[str, Any]] = {}
-    recs: dict[str, list[RequestRecord]] = {}
-    ends: dict[str, dict[str, Any]] = {}
-    for e in read_journal(path):
-        key = e.get("key")
-        if e["kind"] == "run":
-            heads[key] = e["run"]
-            recs[key] = []
-        elif e["kind"] == "record" and key in recs:
-            recs[key].append(RequestRecord.from_json(e["record"]))
-        elif e["kind"] == "end" and key in heads:
-            ends[key] = e
-    runs = []
-    for key, head in heads.items():
-        run = Run.from_json({**head, "records": []})
-        end = ends.get(key, {})
-        runs.append(
-            replace(
-                run,
-                records=tuple(recs[key]),
-                status=end.get("status", "interrupted"),
-                spec_metrics=end.get("spec_metrics"),
-                extra=end.get("extra") or {},
-                schedule=Slot.from_json(end.get("schedule")) or run.schedule,
-            )
-        )
-    finished = {
-        k
-        for k, e in ends.items()
-        if e.get("status") == "ok" or str(e.get("status")).startswith("unsupported")
-    }
-    return runs, finished

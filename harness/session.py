@@ -21,9 +21,10 @@ from harness.design import (
     lane_order,
     warmup_requests,
 )
+from harness.journal import Journal
 from harness.plan import Point, RunPlan
 from harness.records import RequestRecord
-from harness.results import Cell, Journal, Run
+from harness.results import Cell, Run
 from harness.runner import Runner, error_line
 
 
