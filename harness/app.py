@@ -518,10 +518,10 @@ def finalize(
 ) -> dict[str, Any]:
     """Derive every number once (:func:`harness.derived.analyze`), write results.json
     (atomically), then summary.md and plots from it alone."""
-    from harness.derived import analyze
+    from harness.derived import analyze, run_summaries
     from harness.markdown import render
-    from harness.stats import summarize
 
+    summaries = run_summaries(runs, goodput, plan.metric_percentiles)
     results = {
         "schema_version": SCHEMA_VERSION,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -544,7 +544,7 @@ def finalize(
             "params": None if workload.params is None else dict(workload.params),
         },
         "design": design,  # harness.design: which variant ran when, and the cache policy
-        "runs": [r.to_json(summarize(r.records, goodput, plan.metric_percentiles)) for r in runs],
+        "runs": [r.to_json(s) for r, s in zip(runs, summaries)],
     }
     results |= analyze(
         runs,
@@ -554,6 +554,7 @@ def finalize(
         goodput=goodput,
         bound=_speed_of_light(plan, runs),
         percentiles=plan.metric_percentiles,
+        summaries=summaries,
     )
     atomic_write(out / "results.json", json.dumps(results, indent=1))
     md = render(results)

@@ -21,10 +21,20 @@ from harness.crossover import crossover
 from harness.pooled import point_key, pooled
 from harness.results import Run
 from harness.sanity import lossless
-from harness.stats import PERCENTILES
+from harness.stats import PERCENTILES, summarize
 from harness.theory import theory
 
 KEYS = ("rows", "comparisons", "lossless", "theory", "crossover", "speed_of_light", "not_run")
+
+
+def run_summaries(
+    runs: Sequence[Run],
+    goodput: Mapping[str, float] | None = None,
+    percentiles: Sequence[float] = PERCENTILES,
+) -> list[dict[str, Any]]:
+    """Each run's summary (results.json ``runs[i].summary``), computed once for the record and
+    the pooled rows alike."""
+    return [summarize(run.records, goodput, percentiles) for run in runs]
 
 
 def _point_of(c: Mapping[str, Any]) -> str:
@@ -40,11 +50,16 @@ def analyze(
     goodput: Mapping[str, float] | None = None,
     bound: Mapping[str, Any] | None = None,
     percentiles: Sequence[float] = PERCENTILES,
+    summaries: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Every derived number of ``runs``; ``bound``: the batch-1 speed of light, if measured;
-    ``percentiles``: those kept beside 50, 90, 99 (``--metric-percentiles``)."""
+    ``percentiles``: those kept beside 50, 90, 99 (``--metric-percentiles``); ``summaries``:
+    each run's own summary (:func:`run_summaries`), when the caller has them already."""
+    if summaries is None:
+        summaries = run_summaries(runs, goodput, percentiles)
+    of = {id(run): s for run, s in zip(runs, summaries)}
     groups = group_runs(runs)
-    rows = [pooled(rs, goodput, percentiles) for rs in groups.values()]
+    rows = [pooled(rs, [of[id(r)] for r in rs], goodput, percentiles) for rs in groups.values()]
     by_name = {(r["name"], r["point"]): (r, rs) for r, rs in zip(rows, groups.values())}
     comps = comparisons(runs, min_effect=min_effect, seed=seed)
     checks: list[dict[str, Any]] = []

@@ -81,21 +81,21 @@ def decode_time(runs: Sequence[Run]) -> dict[str, float] | None:
 
 def pooled(
     runs: list[Run],
+    per_run: Sequence[Mapping[str, Any]],
     goodput: Mapping[str, float] | None = None,
     percentiles: Sequence[float] = PERCENTILES,
 ) -> dict[str, Any]:
-    """The row of one configuration at one point: ``summary`` (repeats pooled), ``spec``,
-    ``sanity``, and the repeats it used."""
+    """The row of one configuration at one point: ``summary`` (repeats pooled; ``per_run``: each
+    run's own summary, for the medians over repeats), ``spec``, ``sanity``, the repeats used."""
     c = runs[0].cell
     records = [r for run in runs for r in run.records]
     s = summarize(records, goodput, percentiles)
-    per_run = [summarize(run.records) for run in runs]
     per_rep = [x for x in (p.get("output_tok_s") for p in per_run) if x is not None]
     s["output_tok_s_runs"] = per_rep
     s["output_tok_s"] = median(per_rep)
     s["instability"] = instability(per_rep)
     s["unstable"] = s["instability"] is not None and s["instability"] > UNSTABLE
-    for key in ("achieved_rate", "peak_in_flight"):  # per run, then the median over repeats
+    for key in ("achieved_rate", "peak_in_flight", "mean_in_flight"):  # median over repeats
         xs = [v for p in per_run if (v := p.get(key)) is not None]
         s[key] = median(xs)
     return {

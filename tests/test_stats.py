@@ -146,8 +146,9 @@ def test_median_of_an_even_count_is_the_true_median():
     assert median([1.0, 2.0, 3.0, 10.0]) == 2.5 and median([]) is None
     rng = np.random.default_rng(2)
     runs = [_run(_records(rng, s), "baseline", r) for r, s in enumerate([1.0, 1.0, 2.0, 2.0])]
-    per_rep = [summarize(r.records)["output_tok_s"] for r in runs]
-    assert pooled(runs)["summary"]["output_tok_s"] == pytest.approx(float(np.median(per_rep)))
+    per_run = [summarize(r.records) for r in runs]
+    per_rep = [s["output_tok_s"] for s in per_run]
+    assert pooled(runs, per_run)["summary"]["output_tok_s"] == pytest.approx(np.median(per_rep))
 
 
 def test_distribution_and_missing_values():
