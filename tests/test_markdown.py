@@ -174,3 +174,20 @@ def test_compare_joins_the_files_runs_and_analyses_them_once(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| vllm@b/ngram vs vllm@a/ngram " in out  # engine vs engine across the files
     assert "| vllm@a/ngram vs vllm@a/baseline " in out and "n=3 t" in out
+
+
+def test_open_loop_tables_and_crossover_are_judged_by_e2e():
+    from tests.test_stats import _batch_run
+
+    runs = []
+    for rate, speedup in ((2.0, 2.0), (8.0, 1.0)):  # halves E2E at 2 req/s, nothing at 8
+        for r in range(3):
+            noise = 1 + 0.01 * r
+            runs.append(_batch_run("baseline", r, 0.05, 1.0 * noise, rate=rate))
+            runs.append(_batch_run("ngram", r, 0.05, noise / speedup, rate=rate))
+    res = analyze(runs, min_effect=0.02, temperature=0.0)
+    md = render(res)
+    assert md.count("speedup E2E [95% CI]") == 2 and "speedup tok/s" not in md
+    (line,) = [ln for ln in md.splitlines() if ln.startswith("- fake/ngram")]
+    assert "pays up to request rate 2; from 8 it is E2E 1.00x [" in line, line
+    assert check_summary(md, res) > 20
