@@ -160,7 +160,12 @@ THEORY: tuple[Column, ...] = (
         lambda x: x.entry.get("mean_acceptance_length"),
         _fixed(2),
     ),
-    Column("predicted", "predicted speedup", lambda x: x.entry.get("predicted_speedup"), _fixed(2)),
+    Column(
+        "predicted",
+        "predicted speedup",
+        lambda x: (x.entry.get("predicted_speedup"), x.entry.get("predicted_note")),
+        lambda v: num(v[0], 2) if v[0] is not None else str(v[1] or "n/a"),
+    ),
     Column("measured", "measured tok/s speedup", lambda x: x.comparison, ci_text),
     Column(
         "best_gamma",

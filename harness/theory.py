@@ -92,10 +92,15 @@ def theory(group: Mapping[str, Any], baseline: Mapping[str, Any] | None) -> dict
         "c": c,
         "c_source": source,
         "predicted_speedup": None,
+        "predicted_note": "n/a (c unknown)",
         "best_gamma": None,
         "best_gamma_note": "n/a (c unknown)",
     }
-    if c is not None:
+    if c is not None and c < 0:  # a round cheaper than a plain step: the timings drifted apart
+        note = "n/a (c < 0: step times drifted between the runs)"
+        out["predicted_note"] = out["best_gamma_note"] = note
+    elif c is not None:
         out["predicted_speedup"] = predicted_speedup(alpha, gamma, c)
+        out["predicted_note"] = None
         out["best_gamma"], out["best_gamma_note"] = best_gamma(alpha, c)
     return out

@@ -126,6 +126,10 @@ def test_theory_takes_c_from_step_times_and_best_gamma_only_at_a_finite_optimum(
     th = theory(spec, base)  # 0.02 s per decode pass vs 0.01 s per baseline token: round = 2
     assert th["c"] == pytest.approx(0.25) and th["c_source"] == "step times"
     assert th["predicted_speedup"] == pytest.approx(1.9375 / 2)
+    fast = {**spec, "decode": {"requests": 10.0, "seconds": 0.4, "tokens": 80.0}}  # 0.008 s/pass
+    drift = theory(fast, base)  # a pass cheaper than a baseline token: c < 0, no prediction
+    assert drift["c"] < 0 and drift["predicted_speedup"] is None and drift["best_gamma"] is None
+    assert "drifted" in drift["predicted_note"]
     alone = theory(spec, None)  # no baseline to time against, no bare forward timing: no c
     assert alone["c"] is None and alone["predicted_speedup"] is None
     assert alone["best_gamma"] is None
