@@ -185,8 +185,13 @@ def comparisons(runs: Sequence[Run], *, min_effect: float = 0.02, seed: int = 0)
 def precise_enough(runs: Sequence[Run], target: float, min_effect: float = 0.02) -> bool:
     """--target-ci: whether the runs of one plan point so far pin every deciding comparison
     (candidate vs baseline) to a valid 95% CI of half-width <= ``target`` (log scale, ~ +-x).
-    With nothing to compare (one lane), the lane's own tokens/s: a t-interval of its mean log."""
-    comps = [c for c in comparisons(runs, min_effect=min_effect) if c["decides"]]
+    With nothing to compare (one lane, or a sequential design, whose comparisons get no CI
+    however long they run), each lane's own tokens/s: a t-interval of its mean log."""
+    comps = [
+        c
+        for c in comparisons(runs, min_effect=min_effect)
+        if c["decides"] and c["verdict"] != UNPAIRED
+    ]
     if comps:
         widths = [half_width(c) for c in comps]
         return all(w is not None and w <= target for w in widths)

@@ -197,3 +197,22 @@ def test_sequential_design_claims_no_paired_verdict():
         assert tok["design"] == design and tok["verdict"] == verdict_
         assert tok["estimate"] == pytest.approx(1.5, rel=0.1)
         assert (tok["lo"] is None) == (design == SEQUENTIAL)
+
+
+def test_target_ci_in_a_sequential_design_falls_back_to_each_lanes_own_ci():
+    from dataclasses import replace
+
+    from harness.design import SEQUENTIAL, Slot
+
+    rng = np.random.default_rng(6)
+    runs = [
+        _run(_records(rng, s), lb, r)
+        for lb, s in [("baseline", 1), ("ngram", 1.3)]
+        for r in range(3)
+    ]
+    runs = [
+        replace(run, schedule=Slot(SEQUENTIAL, 0, run.cell.repeat, 0, i))
+        for i, run in enumerate(runs)
+    ]
+    assert precise_enough(runs, 0.5)  # no paired CI exists; the lanes' own are narrow
+    assert not precise_enough(runs, 0.0001)
