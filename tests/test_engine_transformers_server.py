@@ -21,8 +21,6 @@ from harness.load import Concurrent, Synchronous
 from harness.runner import Runner
 from workloads.base import Request
 
-pytestmark = pytest.mark.slow
-
 PROMPTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
     "import os\nimport sys\n\n",
@@ -82,6 +80,7 @@ def _openai(server: TransformersServerEngine, **options: Any) -> OpenAIEngine:
     return OpenAIEngine(EngineConfig(engine="openai", model=server.config.model, options=opts))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("which", "mode", "endpoint"),
     [
@@ -126,6 +125,7 @@ def test_every_request_ok_with_the_servers_token_counts(
     assert len(warnings) == 1 and "models answered 500" in warnings[0]
 
 
+@pytest.mark.slow
 def test_failing_listing_without_a_model_name_says_what_to_pass(
     loop: asyncio.AbstractEventLoop, server: TransformersServerEngine
 ) -> None:
@@ -133,6 +133,7 @@ def test_failing_listing_without_a_model_name_says_what_to_pass(
         loop.run_until_complete(_openai(server).start())
 
 
+@pytest.mark.slow
 def test_managed_engine_describes_what_ran(server: TransformersServerEngine) -> None:
     info = server.describe()
     assert info["argv"][2:5] == ["transformers.cli.transformers", "serve", server.config.model]
@@ -153,3 +154,18 @@ def test_argv_and_validation(embedded_pair: tuple[str, str]) -> None:
         TransformersServerEngine(
             EngineConfig(engine="transformers-server", model="m", engine_args={"port": 1})
         )
+
+
+def test_cli_gives_managed_servers_their_options(tmp_path) -> None:
+    from harness.app import build_plan
+    from harness.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["--engine", "vllm-server,transformers-server-cb", "--server-start-timeout", "77"]
+    )
+    plan = build_plan(args, "m", None)
+    for engine in ("vllm-server", "transformers-server-cb"):
+        assert plan.options[engine]["start_timeout"] == 77
+    (cfg,) = [c for _, c in plan.engine_configs({e: () for e in plan.engines})
+              if c.engine == "transformers-server-cb"]  # fmt: skip
+    TransformersServerCBEngine.validate(cfg)
