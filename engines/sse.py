@@ -112,11 +112,14 @@ def parse_event(obj: Any, chat: bool, t: float | None = None) -> list[Chunk]:
             out.append(Chunk(ids or (), n, text=text, finish_reason=finish, t=t))
     usage = obj.get("usage")
     if isinstance(usage, dict):
+        # vLLM's --per-request-spec-decode-metrics: this request's acceptance, beside its usage
+        spec = (obj.get("metrics") or {}).get("speculative_decoding")
         out.append(
             Chunk(
                 num_tokens=0,
                 prompt_tokens=usage.get("prompt_tokens"),
                 usage_output_tokens=usage.get("completion_tokens"),
+                info={"spec_decode": spec} if isinstance(spec, dict) else None,
             )
         )
     return out

@@ -285,8 +285,10 @@ class VLLMEngine:
         n_prompt = len(out.prompt_token_ids) if out.prompt_token_ids is not None else None
         if out.finished:
             del self._sinks[out.request_id]
+        spec = getattr(comp, "spec_decode_metrics", None) if out.finished else None
+        spec = None if spec is None else spec.to_dict()  # --per-request-spec-decode-metrics
         item = (tuple(comp.token_ids), n_prompt, comp.finish_reason, out.finished, comp.text, t)
-        return sink, item
+        return sink, (*item, spec)
 
     def _fail_all(self, exc: BaseException) -> None:
         self._flush()  # the tokens made before the failure reach their records first
@@ -362,16 +364,19 @@ class VLLMEngine:
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
-                ids, n_prompt, reason, finished, text, t = item
+                ids, n_prompt, reason, finished, text, t, spec = item
+                info: dict[str, Any] = {}
+                if first:
+                    info["chat_template"] = self._has_template and request.messages is not None
+                if spec is not None:  # this request's own acceptance (on its last output)
+                    info["spec_decode"] = spec
                 yield Chunk(
                     token_ids=ids,
                     text=text or "",
                     t=t,
                     prompt_tokens=n_prompt if first else None,
                     finish_reason=reason if finished else None,
-                    info={"chat_template": self._has_template and request.messages is not None}
-                    if first
-                    else None,
+                    info=info or None,
                 )
                 first = False
         finally:

@@ -34,7 +34,7 @@ from engines.base import (
     SpecCounters,
 )
 from engines.openai import OpenAIEngine
-from engines.vllm_setup import check_schedule
+from engines.vllm_setup import check_schedule, per_request_spec_metrics
 from workloads.base import Request
 
 # options of this engine; the rest of OPENAI_PASSTHROUGH reach the inner OpenAIEngine
@@ -299,6 +299,8 @@ class VLLMServerEngine:
             if cfg.draft_model and "model" not in spec:
                 spec["model"] = cfg.draft_model
             args["speculative_config"] = spec
+            if per_request_spec_metrics():  # each request's acceptance joins its record
+                args["per_request_spec_decode_metrics"] = "summary"
         args.update(cfg.engine_args)
         for reserved in ("host", "port", "model"):
             if reserved in args:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import functools
 import gc
 import json
 import os
@@ -97,6 +98,9 @@ def engine_kwargs(cfg: EngineConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     elif cfg.share > 1 and not any(k in user for k in MEMORY_KEYS):
         # engines alive at once on one device (interleaved lanes) split vLLM's 0.9 default
         defaults["gpu_memory_utilization"] = round(0.9 / cfg.share, 3)
+    asked = "per_request_spec_decode_metrics" in user
+    if cfg.spec_config is not None and not asked and per_request_spec_metrics():
+        defaults["per_request_spec_decode_metrics"] = "summary"  # acceptance per request
     if cfg.prefix_cache == "off" and "enable_prefix_caching" not in user:
         defaults["enable_prefix_caching"] = False
     if "dtype" not in user:
@@ -115,6 +119,23 @@ def engine_kwargs(cfg: EngineConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         **user,
     }
     return kwargs, defaults
+
+
+@functools.cache
+def per_request_spec_metrics() -> bool:
+    """Whether the installed vLLM reports speculative acceptance per request (0.32 has
+    ``per_request_spec_decode_metrics``); read from its source, so nothing is imported."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    path = os.path.join(list(spec.submodule_search_locations)[0], "config", "observability.py")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return "per_request_spec_decode_metrics" in f.read()
+    except OSError:
+        return False
 
 
 def looks_like_path(s: str) -> bool:

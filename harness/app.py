@@ -542,6 +542,7 @@ def finalize(
             "num_requests": len(workload.requests),
             "fingerprint": workload.fingerprint,
             "params": None if workload.params is None else dict(workload.params),
+            "categories": {r.id: r.category for r in workload.requests if r.category},
         },
         "design": design,  # harness.design: which variant ran when, and the cache policy
         "runs": [r.to_json(s) for r, s in zip(runs, summaries)],
@@ -555,8 +556,12 @@ def finalize(
         bound=_speed_of_light(plan, runs),
         percentiles=plan.metric_percentiles,
         summaries=summaries,
+        categories=results["workload"]["categories"],
     )
     atomic_write(out / "results.json", json.dumps(results, indent=1))
+    from harness.table_csv import to_csv
+
+    atomic_write(out / "summary.csv", to_csv(results))
     md = render(results)
     if plots:
         from harness.plots import draw

@@ -65,6 +65,7 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
         temperature=config["temperature"],
         goodput=config.get("goodput"),
         bound=data.get("speed_of_light"),
+        categories=(data.get("workload") or {}).get("categories"),
     )
     rest = {k: v for k, v in data.items() if k not in KEYS}
     return {
@@ -144,6 +145,7 @@ def compare(argv: Sequence[str]) -> int:
         goodput=config.get("goodput"),
         bound={k: v for k, v in (files[0].get("speed_of_light") or {}).items() if k != "reached"},
         percentiles=config.get("metric_percentiles") or (50, 90, 99),
+        categories=(files[0].get("workload") or {}).get("categories"),
     )
     rest = {k: v for k, v in files[0].items() if k not in KEYS and k != "upgraded_from"}
     print(render({**rest, "runs": runs_json, **derived}))

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.analysis import comparisons, deciding_metric, group_runs
+from harness.categories import category_tables
 from harness.crossover import crossover
 from harness.pooled import point_key, pooled
 from harness.results import Run
@@ -24,7 +25,16 @@ from harness.sanity import lossless
 from harness.stats import PERCENTILES, summarize
 from harness.theory import theory
 
-KEYS = ("rows", "comparisons", "lossless", "theory", "crossover", "speed_of_light", "not_run")
+KEYS = (
+    "rows",
+    "comparisons",
+    "lossless",
+    "theory",
+    "crossover",
+    "speed_of_light",
+    "not_run",
+    "categories",
+)
 
 
 def run_summaries(
@@ -51,6 +61,7 @@ def analyze(
     bound: Mapping[str, Any] | None = None,
     percentiles: Sequence[float] = PERCENTILES,
     summaries: Sequence[Mapping[str, Any]] | None = None,
+    categories: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Every derived number of ``runs``; ``bound``: the batch-1 speed of light, if measured;
     ``percentiles``: those kept beside 50, 90, 99 (``--metric-percentiles``); ``summaries``:
@@ -86,6 +97,8 @@ def analyze(
         "crossover": crossover(comps),
         "speed_of_light": _speed_of_light(rows, bound),
         "not_run": _not_run(runs),
+        # request id -> category (the workload's): Spec-Bench's per-category table
+        "categories": category_tables(runs, categories or {}, min_effect=min_effect),
     }
 
 

