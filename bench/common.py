@@ -86,11 +86,11 @@ class Result:
 
 # ---- model & prompts ----------------------------------------------------------------------------
 def target_model() -> tuple[str, bool]:
-    """(path of the embedded target, whether it is a stand-in because the pair is missing)."""
+    """(path of the tiny target, whether it is a stand-in because the pair is missing)."""
     try:
-        from harness.models import embedded_path
+        from harness.models import tiny_path
 
-        p = Path(embedded_path("target"))
+        p = Path(tiny_path("target"))
         if (p / "config.json").exists():
             return str(p), False
     except Exception:  # noqa: BLE001 - the pair may not be built yet

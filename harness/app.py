@@ -24,7 +24,9 @@ DEFAULT_MAX_NEW_TOKENS = 64
 GRACE_S = 5.0  # in-flight requests get this long after Ctrl-C before they are cancelled
 
 
-def build_plan(args: argparse.Namespace, model: str, draft: str | None) -> RunPlan:
+def build_plan(
+    args: argparse.Namespace, model: str, draft: str | None, eagle3: str | None = None
+) -> RunPlan:
     """The plan of the run (``args.dataset`` from :func:`resolve_dataset`, called if need be)."""
     if getattr(args, "dataset", None) is None:
         resolve_dataset(args)
@@ -42,7 +44,13 @@ def build_plan(args: argparse.Namespace, model: str, draft: str | None) -> RunPl
         raise UsageError("--no-baseline needs --spec or --spec-config: nothing would run")
     if args.spec is not None and args.spec != "all" and "draft_model" in methods and not draft:
         raise UsageError(
-            "--spec draft_model needs --draft-model (no embedded draft for this --model)"
+            "--spec draft_model needs --draft-model (no shipped draft for this --model)"
+        )
+    if args.spec is not None and args.spec != "all" and "eagle3" in methods and not eagle3:
+        raise UsageError(
+            "--spec eagle3 needs a head: --spec-config "
+            '\'{"method": "eagle3", "model": PATH, "num_speculative_tokens": 4}\' '
+            "(the shipped family has one: --model embedded)"
         )
     engine_args = {
         **(_json_arg("--engine-args", args.engine_args) or {}),
@@ -125,6 +133,7 @@ def build_plan(args: argparse.Namespace, model: str, draft: str | None) -> RunPl
         options=options,
         prefix_cache=args.prefix_cache,
         aa=args.aa,
+        eagle3_model=eagle3,
     )
 
 
@@ -217,21 +226,30 @@ def load_dataset(args: argparse.Namespace, model: str) -> Any:
     return synthetic_workload(choice.workload, args.tokenizer or model, n, spec, args.seed)
 
 
-def resolve_models(args: argparse.Namespace) -> tuple[str, str | None]:
-    """The embedded pair when asked for ("embedded"), else the user's ids/paths unchanged."""
-    model, draft = args.model, args.draft_model
-    if model == "embedded" and draft is None:
-        draft = "embedded:draft"
-    if model.startswith("embedded") or (draft or "").startswith("embedded"):
-        from harness import models
+def resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str | None]:
+    """(target, draft, EAGLE-3 head): a shipped family's directories when --model names one
+    ("embedded" = SmolLM2, "tiny"), assembled on first use; else the user's ids/paths unchanged."""
+    from harness import models
 
-        models.ensure_embedded(progress=not args.quiet)
+    model, draft = args.model, args.draft_model
+    try:
+        parsed = models.parse_name(model)
+        if draft is None:
+            draft = models.companion(model, "draft")
+        head = models.companion(model, "eagle3")
+        for name in (model, draft, head):
+            fam = models.parse_name(name) if name else None
+            if fam is not None:
+                models.ensure_family(fam[0], progress=not args.quiet)
         model = models.resolve_model(model)
         draft = models.resolve_model(draft) if draft else None
+        head = models.resolve_model(head) if head and parsed else None
+    except (ValueError, models.EmbeddedModelMissing) as exc:
+        raise UsageError(str(exc)) from None
     for flag, value in (("--model", model), ("--draft-model", draft)):
         if value and _looks_like_path(value) and not Path(value).exists():
             raise UsageError(f"{flag}: {value}: no such file or directory")
-    return model, draft
+    return model, draft, head
 
 
 def _looks_like_path(value: str) -> bool:
@@ -327,8 +345,11 @@ def validate_configs(plan: RunPlan, configs: list[tuple[str, EngineConfig]]) -> 
                 f"--spec: engine {engine} supports none of {', '.join(sorted(wanted)) or 'them'}"
                 f" (it supports: {', '.join(methods[engine]) or 'no speculative method'})"
             )
+    from harness.session import unsupported_method
+
     for _, config in configs:
-        engine_class(config.engine).validate(config)
+        if not unsupported_method(config):
+            engine_class(config.engine).validate(config)
 
 
 def output_dir(args: argparse.Namespace) -> Path:
@@ -353,13 +374,15 @@ def run_main(args: argparse.Namespace) -> int:
         resolve_dataset(args)
         if not args.dataset.synthetic:  # a bad file is reported before anything loads
             workload = load_dataset(args, args.model)
-        draft = args.draft_model or ("embedded:draft" if args.model == "embedded" else None)
-        build_plan(args, args.model, draft)  # flags checked before any model is touched
+        from harness.models import companion
+
+        draft = args.draft_model or companion(args.model, "draft")
+        build_plan(args, args.model, draft, companion(args.model, "eagle3"))  # flags first
         out = output_dir(args)
-        model, draft = resolve_models(args)
+        model, draft, eagle3 = resolve_models(args)
         if args.dataset.synthetic:  # made with the target's tokenizer
             workload = load_dataset(args, model)
-        plan = build_plan(args, model, draft)
+        plan = build_plan(args, model, draft, eagle3)
         configs = variant_servers(plan.engine_configs(engine_methods(plan)))
         check_models(plan)
         check_servers(plan)

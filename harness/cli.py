@@ -19,11 +19,12 @@ EPILOG = """\
 subcommands:
   python -m harness report results.json        re-render summary.md from a results file
   python -m harness compare A.json B.json ...  runs of several files side by side
-  python -m harness models build|path ...      the embedded default model pair
+  python -m harness models build|path ...      the shipped models (SmolLM2 family, tiny pair)
   python -m harness tune --engine vllm         best (method, K) per load -> speculative_config
 
 examples:
-  python -m harness --engine vllm --spec                      the main job (embedded pair)
+  python -m harness --engine vllm --spec                      the main job (SmolLM2 family)
+  python -m harness --engine hf --spec --model tiny --workload tiny   seconds: the test pair
   python -m harness --engine hf,vllm --spec ngram --mode latency --num-prompts 8
   python -m harness --engine vllm --spec --concurrency 1 4 16 --max-new-tokens 50 200
   python -m harness --engine openai --base-url http://127.0.0.1:8000/v1 --concurrency 32
@@ -143,12 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--model",
         default="embedded",
-        help="HF id or local path of the target model; 'embedded' = the shipped pair (default)",
+        help="HF id or local path of the target model; shipped: 'embedded' (default) = "
+        "SmolLM2-135M-Instruct with its draft and EAGLE-3 head, 'tiny' = the 1M-parameter test pair",
     )
     g.add_argument(
         "--draft-model",
         default=None,
-        help="HF id or local path of the draft model (default: the embedded draft with the embedded target)",
+        help="HF id or local path of the draft model (default: the shipped draft of a shipped --model)",
     )
     g.add_argument("--tokenizer", default=None, help="tokenizer id or path (default: the model's)")
     g.add_argument(
@@ -178,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
         const="all",
         default=None,
         metavar="METHODS",
-        help="run speculative variants: alone = every method that applies (draft_model, ngram); or a comma list of ngram, draft_model, eagle, eagle3, mtp, suffix",
+        help="run speculative variants: alone = every method that applies (draft_model, eagle3 with a "
+        "shipped head, ngram); or a comma list of ngram, draft_model, eagle, eagle3, mtp, suffix",
     )
     s.add_argument(
         "--num-spec-tokens",
@@ -200,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--workload",
         default="default",
-        help="shipped workload name (default, specbench, grounded) or a file path",
+        help="shipped workload name (default, specbench, grounded, tiny) or a file path",
     )
     w.add_argument(
         "--workload-format",

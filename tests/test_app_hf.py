@@ -17,7 +17,13 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
+TINY = ("--model", "tiny", "--workload", "tiny")  # the test pair: seconds, not minutes
+
+
 def harness(*args: str, **kw) -> subprocess.CompletedProcess:
+    """``python -m harness ARGS`` on the tiny pair unless ARGS name a model or a subcommand."""
+    if args and args[0] not in ("report", "compare") and "--model" not in args:
+        args = (*TINY, *args)
     return subprocess.run(
         [sys.executable, "-m", "harness", *args],
         cwd=ROOT,
@@ -149,6 +155,7 @@ def test_compare_two_files_and_refuse_different_prompts(hf_run, tmp_path):
 def test_sigint_keeps_finished_records_and_resume_finishes(tmp_path, embedded_pair):
     out = tmp_path / "cut"
     args = [
+        *TINY,
         "--engine",
         "hf",
         "--mode",

@@ -14,7 +14,13 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
+TINY = ("--model", "tiny", "--workload", "tiny")  # the test pair: seconds, not minutes
+
+
 def harness(*args: str) -> subprocess.CompletedProcess:
+    """``python -m harness ARGS --quiet`` on the tiny pair unless ARGS name a model."""
+    if "--model" not in args:
+        args = (*TINY, *args)
     return subprocess.run(
         [sys.executable, "-m", "harness", *args, "--quiet"],
         cwd=ROOT,

@@ -1,4 +1,4 @@
-"""The embedded model pair: committed artifacts load like any HF directory; a tiny build works."""
+"""The tiny test pair: committed artifacts load like any HF directory; a tiny build works."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import pytest
 from harness import models
 
 # the pair is committed: a missing pair is a failure (the fixture would rebuild it), never a skip
-needs_pair = pytest.mark.usefixtures("embedded_pair")
+needs_pair = pytest.mark.usefixtures("tiny_pair")
 
 
 @pytest.fixture(scope="module")
 def pair() -> tuple:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    t_dir, d_dir = models.resolve_model("embedded:target"), models.resolve_model("embedded:draft")
+    t_dir, d_dir = models.resolve_model("tiny:target"), models.resolve_model("tiny:draft")
     return (
         AutoTokenizer.from_pretrained(t_dir),
         AutoTokenizer.from_pretrained(d_dir),
@@ -28,12 +28,12 @@ def pair() -> tuple:
 
 @needs_pair
 def test_layout_and_build_json() -> None:
-    for which in models.KINDS:
-        d = models.embedded_path(which)
+    for which in models.TINY_KINDS:
+        d = models.tiny_path(which)
         for f in (*models.REQUIRED_FILES, "generation_config.json"):
             assert (d / f).is_file(), f
         assert json.loads((d / "config.json").read_text())["torch_dtype"] == "float32"
-    info = json.loads((models.EMBEDDED_DIR / "BUILD.json").read_text())
+    info = json.loads((models.TINY_DIR / "BUILD.json").read_text())
     assert info["seed"] == 0 and info["heldout_perplexity"]["target"] > 1
     assert 0.0 < info["greedy_acceptance_hf_k4"]["acceptance"] < 1.0
 
@@ -92,19 +92,19 @@ def test_greedy_output_not_degenerate(pair: tuple) -> None:
 def test_resolve_model_passes_others_through(tmp_path: Path) -> None:
     assert models.resolve_model("meta-llama/Llama-3.2-1B") == "meta-llama/Llama-3.2-1B"
     assert models.resolve_model(str(tmp_path)) == str(tmp_path)
-    assert models.resolve_model("embedded") == str(models.embedded_path("target"))
+    assert models.resolve_model("tiny") == str(models.tiny_path("target"))
     with pytest.raises(ValueError):
-        models.embedded_path("medium")
+        models.tiny_path("medium")
     with pytest.raises(models.EmbeddedModelMissing):
-        models.embedded_path("target", root=tmp_path)
+        models.tiny_path("target", root=tmp_path)
 
 
 @needs_pair
 def test_cli_path_prints_existing_dir(capsys: pytest.CaptureFixture[str]) -> None:
-    assert models.main(["path", "target"]) == 0
+    assert models.main(["path", "target", "--family", "tiny"]) == 0
     out = capsys.readouterr().out.strip()
-    assert Path(out).is_dir() and out == str(models.embedded_path("target"))
-    assert models.main(["build"]) == 0  # present: never rebuilds
+    assert Path(out).is_dir() and out == str(models.tiny_path("target"))
+    assert models.main(["build", "--family", "tiny"]) == 0  # present: never rebuilds
     assert "already present" in capsys.readouterr().out
 
 
@@ -128,9 +128,9 @@ def test_tiny_build_layout(tmp_path: Path) -> None:
         )
     finally:
         torch.set_num_threads(threads)
-    for which in models.KINDS:
+    for which in models.TINY_KINDS:
         d = tmp_path / which
-        assert models.embedded_path(which, root=tmp_path) == d
+        assert models.tiny_path(which, root=tmp_path) == d
         assert (d / "generation_config.json").is_file()
         m = AutoModelForCausalLM.from_pretrained(d)
         assert len(AutoTokenizer.from_pretrained(d)) == 300 == m.config.vocab_size

@@ -57,7 +57,7 @@ def test_specbench_second_turn() -> None:
 
 def test_available_and_shipped_files_valid() -> None:
     names = available_workloads()
-    assert set(names) == {"default", "grounded", "specbench"}
+    assert set(names) == {"default", "grounded", "specbench", "tiny"}
     for name, desc in names.items():
         w = load_workload(name)
         assert desc and "\n" not in desc
@@ -66,8 +66,24 @@ def test_available_and_shipped_files_valid() -> None:
         assert (DATA_DIR / lic).stat().st_size > 500
 
 
-def test_default_is_short_mixed() -> None:
+def test_default_is_chat_across_categories_and_held_out() -> None:
+    from harness.models_train import held_out
+
     w = load_workload("default")
+    assert w.fmt == "native" and len(w) == 12
+    assert all(r.messages and r.messages[0]["role"] == "user" and not r.prompt for r in w.requests)
+    cats = Counter(r.category for r in w.requests)
+    assert {"summarization", "rag", "code_edit", "translation", "qa"} <= set(cats)
+    assert len(cats) >= 9
+    assert {r.id for r in w.requests} <= held_out()  # the speculators never trained on them
+    grounded = {r.id: r.prompt for r in load_workload("grounded").requests}
+    for r in w.requests:
+        if r.category == "code_edit":
+            assert grounded[r.id] == r.messages[0]["content"]
+
+
+def test_tiny_is_short_mixed() -> None:
+    w = load_workload("tiny")
     assert w.fmt == "native" and len(w) == 16
     code = [r for r in w.requests if r.category == "code_edit"]
     complete = [r for r in w.requests if r.category == "code_complete"]
@@ -96,7 +112,11 @@ def test_make_grounded_reproduces_committed_files(tmp_path: Path) -> None:
     import workloads.make_grounded as mg
 
     code = mg.code_requests()
-    for name, rows in (("grounded", mg.grounded(code)), ("default", mg.default(code))):
+    for name, rows in (
+        ("grounded", mg.grounded(code)),
+        ("default", mg.default(code)),
+        ("tiny", mg.tiny(code)),
+    ):
         mg.write(tmp_path / f"{name}.jsonl", rows)
         assert (tmp_path / f"{name}.jsonl").read_bytes() == shipped_path(name).read_bytes()
 
@@ -381,7 +401,7 @@ def test_spec_errors(tmp_path: Path) -> None:
     with pytest.raises(WorkloadError) as e:
         load_workload("specbnech")
     assert str(e.value) == (
-        "unknown workload 'specbnech' (valid: default, grounded, specbench, or a file path)"
+        "unknown workload 'specbnech' (valid: default, grounded, specbench, tiny, or a file path)"
     )
     missing = tmp_path / "nope.jsonl"
     with pytest.raises(WorkloadError) as e:

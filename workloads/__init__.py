@@ -43,7 +43,12 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 SHIPPED: dict[str, tuple[str, str]] = {
     "default": (
         "default.jsonl",
-        "16 short prompts for the default run: 8 stdlib code completions, 4 code edits, "
+        "12 chat prompts for the default run: 7 Spec-Bench categories + summarization, rag "
+        "and 3 code edits (input-grounded: where n-gram pays)",
+    ),
+    "tiny": (
+        "tiny.jsonl",
+        "16 short prompts for the tiny test pair: 8 stdlib code completions, 4 code edits, "
         "4 Spec-Bench (4 categories)",
     ),
     "grounded": (

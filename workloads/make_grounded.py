@@ -6,10 +6,12 @@ Run from the project root: ``python -m workloads.make_grounded``.
   the input) plus 20 code-editing prompts built from functions of the running interpreter's
   standard library (Python Software Foundation License, see ``data/LICENSE-PSF``). The committed
   files were made with CPython 3.11; another version may give slightly different sources.
-- ``default``: 16 short prompts for the default run, sized for the tiny embedded pair (a code
-  model): 8 code completions (the head of a stdlib function: signature, docstring, first lines;
-  the model continues it), 4 of the code edits (one of each kind) and the first Spec-Bench prompt
-  under 1000 characters of 4 categories.
+- ``default``: 12 chat prompts for the default run on SmolLM2-135M-Instruct: Spec-Bench's
+  general categories plus input-grounded ones (summarization, rag, code edits), ``DEFAULT_IDS``.
+- ``tiny``: 16 short prompts sized for the tiny test pair (a code model): 8 code completions
+  (the head of a stdlib function: signature, docstring, first lines; the model continues it),
+  4 of the code edits (one of each kind) and the first Spec-Bench prompt under 1000 characters
+  of 4 categories.
 
 The output is deterministic for a given interpreter version.
 """
@@ -70,6 +72,23 @@ DEFAULT_CATEGORIES = (
     "extraction",
 )
 MAX_DEFAULT_CHARS = 1000
+HELD_OUT = 4  # the first 4 prompts of each category are never trained on (default draws here)
+# general Spec-Bench categories, then input-grounded ones (summarization, rag, code edits) where
+# the answer copies from the prompt; short prompts (prefill is paid in every latency repeat)
+DEFAULT_IDS = (
+    "81",  # writing
+    "141",  # stem
+    "151",  # humanities
+    "121",  # coding
+    "161",  # translation
+    "321",  # qa
+    "401",  # math_reasoning
+    "243",  # summarization
+    "481",  # rag
+    "code-02",  # rename a variable
+    "code-03",  # f-strings
+    "code-00",  # type hints
+)
 
 
 def function_source(module: str, name: str) -> tuple[str, ast.FunctionDef]:
@@ -133,6 +152,23 @@ def grounded(code: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def default(code: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The default run's chat prompts (one user turn, rendered by the model's chat template in
+    every engine): DEFAULT_IDS, all among the prompts the shipped speculators never trained on
+    (the first HELD_OUT of each category, see ``harness.models_train.held_out``)."""
+    qs = {str(q["question_id"]): q for q in specbench()}
+    edits = {r["id"]: r for r in code}
+    out = []
+    for rid in DEFAULT_IDS:
+        if rid in edits:
+            text, cat = edits[rid]["prompt"], "code_edit"
+        else:
+            text, cat = qs[rid]["turns"][0], qs[rid]["category"]
+        out.append({"id": rid, "messages": [{"role": "user", "content": text}], "category": cat})
+    return out
+
+
+def tiny(code: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tiny test pair's prompts: code completions, edits and short Spec-Bench prompts."""
     qs = specbench()
     sb = []
     for cat in DEFAULT_CATEGORIES[:4]:
@@ -160,6 +196,7 @@ def main() -> None:
     code = code_requests()
     write(DATA / "grounded.jsonl", grounded(code))
     write(DATA / "default.jsonl", default(code))
+    write(DATA / "tiny.jsonl", tiny(code))
 
 
 if __name__ == "__main__":
