@@ -105,6 +105,8 @@ CASES = {
     ),
     "openai spec url missing for a variant": (
         [
+            "--model",
+            "tiny",
             "--engine",
             "openai",
             "--spec",

@@ -145,8 +145,8 @@ def test_harness_cli_drives_a_running_server_in_both_modes(servers, tmp_path) ->
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "openai"
     proc = subprocess.run(
-        [sys.executable, "-m", "harness", "--engine", "openai",
-         "--base-url", servers["base"].base_url, "--mode", "both", "--num-prompts", "4",
+        [sys.executable, "-m", "harness", "--engine", "openai", "--model", "tiny",
+         "--workload", "tiny", "--base-url", servers["base"].base_url, "--mode", "both", "--num-prompts", "4",
          "--max-new-tokens", "16", "--repeats", "1", "--warmup", "1", "--concurrency", "4",
          "--ignore-eos", "--output-dir", str(out), "--quiet", "--no-plots"],
         cwd=root, capture_output=True, text=True, timeout=600,

@@ -24,7 +24,8 @@ def test_emitted_schedule_runs_in_vllm_through_spec_config_file(tmp_path, embedd
     path.write_text(json.dumps(cfg))
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "harness", "--engine", "vllm", "--spec-config", f"@{path}",
+        [sys.executable, "-m", "harness", "--model", "tiny", "--workload", "tiny",
+         "--engine", "vllm", "--spec-config", f"@{path}",
          "--no-baseline", "--mode", "both", "--concurrency", "4", "--num-prompts", "4",
          "--max-new-tokens", "32", "--repeats", "1", "--warmup", "0", "--quiet",
          "--output-dir", str(out)],
@@ -50,7 +51,8 @@ def test_tune_end_to_end_writes_config_table_and_verification(tmp_path, embedded
 
     out = tmp_path / "tune"
     proc = subprocess.run(
-        [sys.executable, "-m", "harness", "tune", "--engine", "vllm", "--spec", "ngram",
+        [sys.executable, "-m", "harness", "tune", "--model", "tiny", "--workload", "tiny",
+         "--engine", "vllm", "--spec", "ngram",
          "--tune-k", "1", "3", "--concurrency", "1", "4", "--num-prompts", "4",
          "--max-new-tokens", "24", "--max-rounds", "3", "--verify-rounds", "3", "--warmup", "1",
          "--quiet", "--output-dir", str(out)],
