@@ -114,9 +114,7 @@ def ensure_family(family: str, progress: bool = True) -> None:
 def smollm2_kinds() -> tuple[str, ...]:
     """The SmolLM2 models this checkout has: the target, and each speculator once trained."""
     trained = models_smollm.TRAINED_DIR
-    return ("target",) + tuple(
-        k for k in ("draft", "eagle3") if (trained / f"{k}.safetensors").is_file()
-    )
+    return ("target", "draft") + (("eagle3",) if (trained / "eagle3.safetensors").is_file() else ())
 
 
 def parse_name(name: str) -> tuple[str, str] | None:

@@ -115,16 +115,20 @@ class Eagle3Head(nn.Module):
 
 
 def _unroll(head: Eagle3Head, s: dict[str, Any], vocab: torch.Tensor, steps: int) -> list[Any]:
-    """Per step: (logits over the draft vocab at loss positions, label index, label in vocab)."""
-    ids, p, feat = s["ids"], s["prompt_len"], s["feat"]
+    """Per step: (logits over the draft vocab, label index, label is a generated token).
+
+    Position t: hidden f[t], token x[t+1], label = the target's greedy token after t+1
+    (``labels[t+1]``; the generated x[t+2] in the output). Step 1 learns at every position;
+    later steps only in the output, where x[t+1] is what the chain would have drafted."""
+    ids, p, feat, labels = s["ids"], s["prompt_len"], s["feat"], s["labels"]
     start = max(0, p - MAX_HEAD_CONTEXT)
-    ids, feat, p = ids[start:], feat[start:], p - start
-    T = len(ids) - 2  # position t: hidden f[t], token x[t+1], label x[t+2]
-    tokens, labels = ids[1 : T + 1], ids[2 : T + 2]
+    ids, feat, labels, p = ids[start:], feat[start:], labels[start:], p - start
+    T = len(ids) - 2
+    tokens, target = ids[1 : T + 1], labels[1 : T + 1]
     pos = torch.arange(T)
-    loss_at = torch.arange(T) >= p - 2  # label x[t+2] is a target output
-    lab = torch.searchsorted(vocab, labels).clamp(max=len(vocab) - 1)
-    inside = (vocab[lab] == labels) & loss_at
+    lab = torch.searchsorted(vocab, target).clamp(max=len(vocab) - 1)
+    inside = vocab[lab] == target
+    output = pos >= p - 2
     hidden = head.combine(feat[:T])
     past: list[Any] = []
     out = []
@@ -134,8 +138,9 @@ def _unroll(head: Eagle3Head, s: dict[str, Any], vocab: torch.Tensor, steps: int
             hidden = torch.cat([hidden[:1] * 0, pre[:-1]], 0)
         normed, pre, kv = head.step(tokens, hidden, pos, past)
         past.append(kv)
-        valid = inside & (torch.arange(T) >= n)
-        out.append((normed[valid] @ head.lm_head.T, lab[valid], loss_at & (torch.arange(T) >= n)))
+        counted = (output if n > 0 else torch.ones(T, dtype=torch.bool)) & (pos >= n)
+        valid = inside & counted
+        out.append((normed[valid] @ head.lm_head.T, lab[valid], output[valid]))
     return out
 
 
@@ -173,14 +178,16 @@ def head_config(target_cfg: dict[str, Any], vocab_size: int) -> dict[str, Any]:
 
 
 def evaluate(head: Eagle3Head, val: list[dict[str, Any]], vocab: torch.Tensor) -> list[float]:
-    """Teacher-forced top-1 agreement per unroll step (over all loss positions)."""
+    """Teacher-forced top-1 agreement with the target per unroll step, over generated tokens
+    (a label outside the draft vocabulary counts as a miss)."""
     ok = [0] * TTT_STEPS
     n = [0] * TTT_STEPS
     with torch.no_grad():
         for s in val:
-            for i, (logits, lab, counted) in enumerate(_unroll(head, s, vocab, TTT_STEPS)):
-                ok[i] += int((logits.argmax(-1) == lab).sum())
-                n[i] += int(counted.sum())
+            T = len(s["ids"]) - 2
+            for i, (logits, lab, is_out) in enumerate(_unroll(head, s, vocab, TTT_STEPS)):
+                ok[i] += int(((logits.argmax(-1) == lab) & is_out).sum())
+                n[i] += max(0, T - max(i, s["prompt_len"] - 2))
     return [round(a / max(1, b), 4) for a, b in zip(ok, n)]
 
 

