@@ -19,6 +19,7 @@ from harness.cli import UsageError, _goodput, _json_arg, _kv_args, _variant_urls
 from harness.journal import Journal, atomic_write, runs_from_journal
 from harness.plan import PlanError, RunPlan, check_engines, parse_methods
 from harness.results import SCHEMA_VERSION, Run, environment
+from harness.vllm_flags import api_root
 
 DEFAULT_MAX_NEW_TOKENS = 64
 GRACE_S = 5.0  # in-flight requests get this long after Ctrl-C before they are cancelled
@@ -73,6 +74,8 @@ def build_plan(
         raise UsageError(
             "--base-url is for --engine openai (vllm-server and transformers-server start their own)"
         )
+    if args.base_url:  # vllm bench serve's server root (http://host:8000) means .../v1 here
+        args.base_url = [api_root(u) for u in args.base_url]
     per_variant = _variant_urls(args.base_url)
     if "openai" in engines and (methods or spec_config) and per_variant is None:
         raise UsageError(

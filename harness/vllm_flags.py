@@ -35,6 +35,20 @@ def endpoint_arg(text: str) -> str:
     )
 
 
+def api_root(item: str) -> str:
+    """vllm bench serve's ``--base-url`` is the server root (its ``--endpoint`` adds ``/v1/...``):
+    a URL without a path gets ``/v1``, the harness's form. ``label=URL`` keeps its label."""
+    from urllib.parse import urlsplit
+
+    label, sep, url = item.partition("=")
+    if not sep or "/" in label or ":" in label:
+        label, url = "", item
+    parts = urlsplit(url)
+    if parts.scheme in ("http", "https") and parts.path in ("", "/") and not parts.query:
+        url = url.rstrip("/") + "/v1"
+    return f"{label}={url}" if label else url
+
+
 def metric_percentiles(text: str) -> tuple[float, ...]:
     """``50,90,99,99.9`` -> (50.0, 90.0, 99.0, 99.9); each in (0, 100)."""
     try:

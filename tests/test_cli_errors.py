@@ -315,3 +315,13 @@ def test_vllm_bench_names_mean_the_same():
     args = build_parser().parse_args(["--dataset-name", "spec_bench"])
     resolve_dataset(args)
     assert (args.dataset.workload, args.dataset.fmt) == ("specbench", "specbench")
+
+
+def test_vllm_style_base_url_is_the_server_root():
+    from harness.vllm_flags import api_root
+
+    assert api_root("http://127.0.0.1:8000") == "http://127.0.0.1:8000/v1"
+    assert api_root("http://127.0.0.1:8000/") == "http://127.0.0.1:8000/v1"
+    assert api_root("baseline=http://h:8000") == "baseline=http://h:8000/v1"
+    for kept in ("http://h:8000/v1", "http://h/api/v1", "ngram=http://h:1/v1"):
+        assert api_root(kept) == kept
