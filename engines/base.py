@@ -50,6 +50,10 @@ class Chunk:
     only metadata (``prompt_tokens``, ``usage_output_tokens``, ``finish_reason``, ``text``) and is
     not timed as a token arrival. ``t`` is the time the tokens existed, read from the clock the
     runner passed to ``stream``; None = the runner stamps the chunk when it receives it.
+
+    A chunk may carry several arrivals (an in-process engine hands over several steps at once):
+    then ``sizes[i]`` of its tokens existed at ``times[i]`` (``sum(sizes) == size``, ``t`` the
+    last stamp); empty = all at ``t``.
     """
 
     token_ids: tuple[int, ...] = ()
@@ -60,6 +64,8 @@ class Chunk:
     text: str = ""
     info: Mapping[str, Any] | None = None  # e.g. {"replica": url, "chat_template": True}
     t: float | None = None
+    times: tuple[float, ...] = ()
+    sizes: tuple[int, ...] = ()
 
     @property
     def size(self) -> int:

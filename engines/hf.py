@@ -4,8 +4,9 @@
 ``generate`` runs on a worker thread; its streamer stamps each step's ids with the clock the
 runner passed to ``stream`` (when the ids are on the host) and hands them to the event loop at
 most every ``DELIVERY_S``: one cross-thread wake-up per token cost 10-15% of a tiny model's
-decode speed on 2 cores (bench/RESULTS.md, section 1). ``step_costs`` is a separate
-micro-measurement, called outside runs.
+decode speed on 2 cores (bench/RESULTS.md, section 1). Each hand-over becomes one chunk per
+request with a stamp per step (``Chunk.times``), not a chunk per token (engines/handover.py).
+``step_costs`` is a separate micro-measurement, called outside runs.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from engines.base import (
     SpecCounters,
     UnsupportedError,
 )
+from engines.handover import DELIVERY_S
 from engines.hf_spec import (
     SPEC_METHODS,
     AcceptanceCounter,
@@ -39,7 +41,7 @@ from engines.hf_spec import (
 
 _DTYPES = ("float32", "float16", "bfloat16")
 _END, _TOKENS, _ERROR = "end", "tokens", "error"
-DELIVERY_S = 0.05  # stamped tokens reach the event loop at most this often, and at the end
+Steps = list[tuple[list[int], "float | None"]]  # a hand-over: each step's ids and its stamp
 
 
 def _looks_local(name: str) -> bool:
@@ -317,8 +319,9 @@ class HFEngine:
 
     async def _generate(
         self, rows: list[list[int]], params: GenParams, max_new: int, clock: Clock | None
-    ) -> AsyncIterator[tuple[list[int], float | None]]:
-        """Left-padded ``generate`` in a worker thread; yields each put's token ids and stamp."""
+    ) -> AsyncIterator[Steps]:
+        """Left-padded ``generate`` in a worker thread; yields each hand-over of stamped steps
+        (one step at a time when unstamped)."""
         import torch
 
         if self.model is None:
@@ -344,8 +347,7 @@ class HFEngine:
                     return
                 if kind == _ERROR:
                     raise value
-                for item in value:
-                    yield item
+                yield value
         finally:
             stop.set()
             await asyncio.to_thread(thread.join)
@@ -356,14 +358,18 @@ class HFEngine:
         ids, chat = self._encode(request)
         max_new = request.max_new_tokens or params.max_new_tokens
         out: list[int] = []
-        async for new, t in self._generate([ids], params, max_new, clock):
-            if not new:
-                continue
-            if not out:
-                yield Chunk(tuple(new), prompt_tokens=len(ids), info={"chat_template": chat}, t=t)
-            else:
-                yield Chunk(tuple(new), t=t)
-            out.extend(new)
+        async for steps in self._generate([ids], params, max_new, clock):
+            n0 = len(out)
+            times: list[float] = []
+            sizes: list[int] = []
+            for new, t in steps:
+                if new:
+                    out += new
+                    times.append(t)  # type: ignore[arg-type]
+                    sizes.append(len(new))
+            if len(out) > n0:
+                first = n0 == 0
+                yield _chunk(out[n0:], times, sizes, len(ids) if first else None, chat, first)
         if (
             out
         ):  # the text once, decoded whole: a byte-level token split across chunks decodes right
@@ -381,18 +387,25 @@ class HFEngine:
         eos = set() if params.ignore_eos else self._eos_ids()
         outs: list[list[int]] = [[] for _ in requests]
         done = [False] * len(requests)
-        async for step, t in self._generate([e[0] for e in encoded], params, max(limits), clock):
-            for i, tok in enumerate(step):
-                if done[i]:
-                    continue  # padding after this row's EOS / limit
-                ids, chat = encoded[i]
-                outs[i].append(tok)
-                done[i] = tok in eos or len(outs[i]) >= limits[i]
-                if len(outs[i]) == 1:
-                    info = {"chat_template": chat}
-                    yield i, Chunk((tok,), prompt_tokens=len(ids), info=info, t=t)
-                else:
-                    yield i, Chunk((tok,), t=t)
+        rows = [e[0] for e in encoded]
+        async for steps in self._generate(rows, params, max(limits), clock):
+            times: list[list[float]] = [[] for _ in requests]
+            n0 = [len(o) for o in outs]
+            for step, t in steps:
+                for i, tok in enumerate(step):
+                    if done[i]:
+                        continue  # padding after this row's EOS / limit
+                    outs[i].append(tok)
+                    times[i].append(t)  # type: ignore[arg-type]
+                    done[i] = tok in eos or len(outs[i]) >= limits[i]
+            for i, ts in enumerate(times):
+                if ts:
+                    first = n0[i] == 0
+                    prompt = len(encoded[i][0]) if first else None
+                    yield (
+                        i,
+                        _chunk(outs[i][n0[i] :], ts, [1] * len(ts), prompt, encoded[i][1], first),
+                    )
             if all(done):
                 break
         for i, out in enumerate(outs):
@@ -436,6 +449,26 @@ class HFEngine:
             "draft_step_s": draft,
             "c": None if draft is None else draft / target,
         }
+
+
+def _chunk(
+    ids: list[int],
+    times: list[float],
+    sizes: list[int],
+    prompt: int | None,
+    chat: bool,
+    first: bool,
+) -> Chunk:
+    """One request's tokens of one hand-over: a stamp per step when there are several."""
+    many = len(times) > 1
+    return Chunk(
+        tuple(ids),
+        t=times[-1],
+        times=tuple(times) if many else (),
+        sizes=tuple(sizes) if many else (),
+        prompt_tokens=prompt,
+        info={"chat_template": chat} if first else None,
+    )
 
 
 def len_hint(spec: Mapping[str, Any] | None) -> int:

@@ -3,11 +3,12 @@
 Design: ``LLM`` is built with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` so the engine core runs in
 this process (no busy engine process fighting for the CPU). A single stepping thread owns the
 engine: it builds it, adds and aborts requests, calls ``step()`` while requests are unfinished
-and hands each ``RequestOutput`` (``RequestOutputKind.DELTA``) to its request's asyncio queue,
-stamped right after ``step()`` returns with the clock the runner passed to :meth:`stream`.
-Stamped outputs reach the event loop in one batch at most every ``DELIVERY_S``, and at once
-when a request finishes (a concurrency slot frees): the event loop's work then competes for the
-GIL with the stepping thread a few times per second, not after every step.
+and stamps each step's outputs (``RequestOutputKind.DELTA``) right after ``step()`` returns,
+with one reading of the clock the runner passed to :meth:`stream`. Per step the thread only
+appends (outputs, stamp) to a list, which reaches the event loop at most every ``DELIVERY_S``
+and at once when a request finishes (a concurrency slot frees); there each output is filed
+into its request's ``Pending`` and each stream takes what it has as one chunk
+(engines/handover.py): no per-token object, no per-token wake-up, no timestamp moved.
 ``LLMEngine.add_request`` mutates the scheduler that ``step()`` walks, so it is never called from
 the event loop: :meth:`stream` enqueues a command and the thread adds it before its next step.
 Requests added while others run join the next step (continuous batching).
@@ -22,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import dataclasses
 import gc
 import itertools
 import os
@@ -41,6 +41,7 @@ from engines.base import (
     Request,
     SpecCounters,
 )
+from engines.handover import DELIVERY_S, Pending
 from engines.vllm_metrics import StatsTap
 from engines.vllm_setup import (
     engine_kwargs,
@@ -55,26 +56,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 # vLLM logs to stdout by default; the harness's stdout is the markdown summary.
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
-DELIVERY_S = 0.05  # stamped outputs reach the event loop at most this often (and when one ends)
 _ALIVE: set[int] = set()  # ids of this process's engines that hold vLLM's process-wide state
-
-
-@dataclasses.dataclass(frozen=True)
-class _Sink:
-    """Where one request's outputs go: an asyncio queue on the event loop's thread."""
-
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[Any]
-    clock: Clock | None = None  # the runner's; None = outputs go out unstamped, at once
-
-    def __call__(self, item: Any) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-
-
-def _deliver(batch: list[tuple[_Sink, Any]]) -> None:
-    """On the event loop: hand a step's outputs to their requests' queues."""
-    for sink, item in batch:
-        sink.queue.put_nowait(item)
+Step = tuple[Sequence[Any], "float | None"]  # one step's RequestOutputs and its stamp
 
 
 class VLLMEngine:
@@ -91,8 +74,14 @@ class VLLMEngine:
         self._llm: Any = None
         self._thread: threading.Thread | None = None
         self._cmds: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
-        self._sinks: dict[str, _Sink] = {}
-        self._pending: list[tuple[_Sink, Any]] = []  # stamped outputs not yet handed over
+        # the event loop's side: its loop, the clock to stamp with, each request's Pending
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._clock: Clock | None = None
+        self._streams: dict[str, Pending] = {}
+        self._woken_at: float | None = None
+        # the stepping thread's side: requests added and not finished, steps not handed over
+        self._live: set[str] = set()
+        self._steps: list[Step] = []
         self._ids = itertools.count()
         self._kwargs: dict[str, Any] = {}
         self._defaults: dict[str, Any] = {}
@@ -174,7 +163,7 @@ class VLLMEngine:
             except queue.Empty:
                 break
             if cmd[0] == "add":
-                cmd[4](error)
+                self._post(self._fail_one, cmd[1], error)
             elif cmd[0] == "call":
                 cmd[2].set_exception(error)
             elif cmd[0] == "stop":
@@ -229,36 +218,82 @@ class VLLMEngine:
             if not engine.has_unfinished_requests():
                 continue
             outs = engine.step()
-            stamps: dict[Clock, float] = {}
-            now = False  # deliver this step at once: a request ended, or an output is unstamped
-            for out in outs:
-                if (d := self._dispatch(out, stamps)) is not None:
-                    self._pending.append(d)
-                    now = now or d[1][3] or d[0].clock is None
-            if not self._pending:
+            if not outs:
                 continue
-            t = next(iter(stamps.values()), None)
-            if now or sent_at is None or t is None or t - sent_at >= DELIVERY_S:
+            clock = self._clock
+            t = clock() if clock is not None else None  # the step's outputs exist now
+            self._steps.append((outs, t))
+            ended = [o.request_id for o in outs if o.finished]
+            if ended:
+                self._live.difference_update(ended)
+            if ended or t is None or sent_at is None or t - sent_at >= DELIVERY_S:
                 sent_at = t
                 self._flush()
 
+    def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` on the event loop (nothing if it is gone: nobody listens)."""
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(fn, *args)
+
     def _flush(self) -> None:
-        """Hand the pending outputs to the event loop: one wake-up for all of them."""
-        if self._pending:
-            batch, self._pending = self._pending, []
-            batch[0][0].loop.call_soon_threadsafe(_deliver, batch)
+        """Hand the steps not yet handed over to the event loop: one wake-up for all."""
+        if self._steps:
+            steps, self._steps = self._steps, []
+            self._post(self._deliver, steps)
+
+    def _deliver(self, steps: list[Step]) -> None:
+        """On the event loop: file each output into its request's Pending; wake the requests
+        that ended, and every request with outputs once ``DELIVERY_S`` has passed."""
+        streams = self._streams
+        for outs, t in steps:
+            for o in outs:
+                p = streams.get(o.request_id)
+                if p is None:  # aborted
+                    continue
+                comp = o.outputs[0]
+                ids = comp.token_ids
+                if ids:
+                    p.ids += ids
+                    p.times.append(t)
+                    p.sizes.append(len(ids))
+                if comp.text:
+                    p.text.append(comp.text)
+                if p.prompt_tokens is None and o.prompt_token_ids is not None:
+                    p.prompt_tokens = len(o.prompt_token_ids)
+                if o.finished:
+                    p.finish_reason, p.done = comp.finish_reason, True
+                    spec = getattr(comp, "spec_decode_metrics", None)
+                    if spec is not None:  # this request's own acceptance (on its last output)
+                        p.info = {"spec_decode": spec.to_dict()}  # per_request_spec_decode_metrics
+                    p.wake()
+        t = steps[-1][1]
+        if t is None or self._woken_at is None or t - self._woken_at >= DELIVERY_S:
+            self._woken_at = t
+            for p in streams.values():
+                if p.times:
+                    p.wake()
+
+    def _fail_one(self, rid: str, exc: BaseException) -> None:
+        if (p := self._streams.get(rid)) is not None:
+            p.fail(exc)
+
+    def _fail_streams(self, exc: BaseException) -> None:
+        for p in self._streams.values():
+            p.fail(exc)
 
     def _handle(self, cmd: tuple[Any, ...]) -> None:
         kind = cmd[0]
         if kind == "add":
-            _, rid, request, sp, sink = cmd
+            _, rid, request, sp = cmd
             try:
                 self._add(rid, request, sp)
-                self._sinks[rid] = sink
+                self._live.add(rid)
             except Exception as e:  # noqa: BLE001 - this request fails, the engine goes on
-                sink(e)
+                self._post(self._fail_one, rid, e)
         elif kind == "abort":
-            if self._sinks.pop(cmd[1], None) is not None:
+            if cmd[1] in self._live:
+                self._live.discard(cmd[1])
                 self._llm.llm_engine.abort_request([cmd[1]])
         elif kind == "call":
             _, fn, fut = cmd
@@ -272,29 +307,10 @@ class VLLMEngine:
         preprocess = getattr(self._llm, "_preprocess_cmpl_one", None)
         self._llm.llm_engine.add_request(rid, preprocess(prompt) if preprocess else prompt, sp)
 
-    def _dispatch(self, out: Any, stamps: dict[Clock, float]) -> tuple[_Sink, Any] | None:
-        sink = self._sinks.get(out.request_id)
-        if sink is None:
-            return None
-        t = None
-        if sink.clock is not None:  # one reading per clock per step: the step's outputs exist now
-            t = stamps.get(sink.clock)
-            if t is None:
-                t = stamps[sink.clock] = sink.clock()
-        comp = out.outputs[0]
-        n_prompt = len(out.prompt_token_ids) if out.prompt_token_ids is not None else None
-        if out.finished:
-            del self._sinks[out.request_id]
-        spec = getattr(comp, "spec_decode_metrics", None) if out.finished else None
-        spec = None if spec is None else spec.to_dict()  # --per-request-spec-decode-metrics
-        item = (tuple(comp.token_ids), n_prompt, comp.finish_reason, out.finished, comp.text, t)
-        return sink, (*item, spec)
-
     def _fail_all(self, exc: BaseException) -> None:
         self._flush()  # the tokens made before the failure reach their records first
-        for sink in self._sinks.values():
-            sink(exc)
-        self._sinks.clear()
+        self._post(self._fail_streams, exc)
+        self._live.clear()
 
     def _shutdown(self) -> None:
         llm, self._llm = self._llm, None
@@ -350,37 +366,21 @@ class VLLMEngine:
     ) -> AsyncIterator[Chunk]:
         if self._thread is None:
             raise EngineError("vllm: engine not started")
-        loop = asyncio.get_running_loop()
-        q: asyncio.Queue[Any] = asyncio.Queue()
+        self._loop = asyncio.get_running_loop()
+        self._clock = clock  # one runner at a time: its clock stamps every step
         rid = f"{request.id}#{next(self._ids)}"
         sp = self._sampling_params(request, params, delta=True)
-        self._cmds.put(("add", rid, request, sp, _Sink(loop, q, clock)))
-        if self._dead is not None:
-            raise self._dead
-        first, finished = True, False
+        pending = self._streams[rid] = Pending()
+        self._cmds.put(("add", rid, request, sp))
         try:
-            while not finished:
-                item = await q.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                ids, n_prompt, reason, finished, text, t, spec = item
-                info: dict[str, Any] = {}
-                if first:
-                    info["chat_template"] = self._has_template and request.messages is not None
-                if spec is not None:  # this request's own acceptance (on its last output)
-                    info["spec_decode"] = spec
-                yield Chunk(
-                    token_ids=ids,
-                    text=text or "",
-                    t=t,
-                    prompt_tokens=n_prompt if first else None,
-                    finish_reason=reason if finished else None,
-                    info=info or None,
-                )
-                first = False
+            if self._dead is not None:
+                raise self._dead
+            info = {"chat_template": self._has_template and request.messages is not None}
+            async for chunk in pending.chunks(info):
+                yield chunk
         finally:
-            if not finished and self._thread is not None:
+            del self._streams[rid]
+            if not (pending.done or pending.error) and self._thread is not None:
                 self._cmds.put(("abort", rid))
 
     async def generate_batch(

@@ -56,8 +56,12 @@ class _Timing:
         n = chunk.size
         if n <= 0:
             return
-        self.times.append(t)
-        self.sizes.append(n)
+        if chunk.times:  # several steps handed over at once, each with its stamp
+            self.times.extend(chunk.times)
+            self.sizes.extend(chunk.sizes)
+        else:
+            self.times.append(t)
+            self.sizes.append(n)
         if len(chunk.token_ids) == n:
             self.ids.extend(chunk.token_ids)
         else:

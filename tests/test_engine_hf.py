@@ -173,11 +173,13 @@ def test_stamped_stream_is_delivered_in_batches(
         return t0, chunks, time.perf_counter()
 
     t0, chunks, t1 = asyncio.run(go())
-    stamps = [c.t for c in _timed(chunks)]
+    stamps = [t for c in _timed(chunks) for t in (c.times or (c.t,))]
     assert len(stamps) == N and None not in stamps
     assert t0 < stamps[0] and stamps == sorted(stamps) and len(set(stamps)) == N and stamps[-1] < t1
     # the first step goes at once, the other N - 1 in one batch at the end, then the end marker
     assert pushes.count("tokens") == 2 and pushes[-1] == "end"
+    # a chunk per hand-over, a stamp per step: the second carries N - 1 steps of one token
+    assert [c.size for c in _timed(chunks)] == [1, N - 1] and chunks[1].sizes == (1,) * (N - 1)
 
 
 def test_stream_batch_matches_single(engines: dict[str, HFEngine]) -> None:

@@ -125,14 +125,14 @@ async def _stamped(engine: VLLMEngine, reqs: list[Request]) -> dict[str, Any]:
 
     import engines.vllm as ev
 
-    sizes: list[int] = []
-    orig, orig_s = ev._deliver, ev.DELIVERY_S
+    sizes: list[int] = []  # outputs per hand-over
+    orig, orig_s = engine._deliver, ev.DELIVERY_S
 
-    def counting(batch: list) -> None:
-        sizes.append(len(batch))
-        orig(batch)
+    def counting(steps: list) -> None:
+        sizes.append(sum(len(outs) for outs, _ in steps))
+        orig(steps)
 
-    ev._deliver, ev.DELIVERY_S = counting, 10.0  # only the first step and the ends go at once
+    engine._deliver, ev.DELIVERY_S = counting, 10.0  # only the first step and the ends go at once
     try:
         t0 = time.perf_counter()
         chunks = await asyncio.gather(
@@ -140,7 +140,8 @@ async def _stamped(engine: VLLMEngine, reqs: list[Request]) -> dict[str, Any]:
         )
         return {"t0": t0, "t1": time.perf_counter(), "chunks": chunks, "deliveries": sizes}
     finally:
-        ev._deliver, ev.DELIVERY_S = orig, orig_s
+        del engine._deliver
+        ev.DELIVERY_S = orig_s
 
 
 async def _collect_stamped(engine: VLLMEngine, r: Request, clock: Any) -> list[Any]:
@@ -193,10 +194,12 @@ def test_stamped_outputs_are_delivered_in_batches(baseline: dict[str, Any]) -> N
     s = baseline["stamped"]
     assert [[t for c in cs for t in c.token_ids] for cs in s["chunks"]] == baseline["ref"]
     for cs in s["chunks"]:
-        stamps = [c.t for c in cs]
+        stamps = [t for c in cs for t in (c.times or (c.t,))]
         assert None not in stamps and stamps == sorted(stamps)
         assert s["t0"] < stamps[0] and stamps[-1] < s["t1"]
         assert len(set(stamps)) == len(stamps) == GREEDY.max_new_tokens  # one step, one stamp
+        assert all(sum(c.sizes or (c.size,)) == c.size for c in cs)
+        assert len(cs) <= 3  # the first step; the rest, handed over when a request ended
     # 24 steps, 4 requests: the first step's outputs, then the rest when requests end
     assert 1 < len(s["deliveries"]) <= 1 + len(PROMPTS)
     assert sum(s["deliveries"]) == len(PROMPTS) * GREEDY.max_new_tokens

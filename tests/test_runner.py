@@ -152,3 +152,31 @@ def test_ten_thousand_requests_keep_memory_per_record_small():
     small, large = peak(2_000), peak(10_000)
     per_record = (large - small) / 8_000
     assert per_record < 4_000, per_record  # bytes: 8 timestamps, 8 ids, text, bookkeeping
+
+
+def test_a_chunk_of_several_steps_keeps_each_steps_stamp():
+    """An in-process engine hands several steps over in one chunk (``times``/``sizes``): the
+    record holds one arrival per step at its stamp, as if each step had come alone."""
+
+    class Batched(ScriptedEngine):
+        async def stream(self, request, params, clock=None):
+            steps = []
+            for delay, n in self.script[request.id]:
+                self.clock.now += delay
+                steps.append((n, clock()))  # stamped when made, handed over later
+            self.clock.now += 0.3  # the hand-over's lag: not timed
+            ids = tuple(range(sum(n for n, _ in steps)))
+            times = tuple(t for _, t in steps)
+            sizes = tuple(n for n, _ in steps)
+            yield Chunk(token_ids=ids, t=times[-1], times=times, sizes=sizes, prompt_tokens=5)
+
+    clock = FakeClock()
+    engine = Batched(clock, {"a": [(0.5, 1), (0.1, 2), (0.2, 1)]})
+    (a,) = run(
+        Runner(engine, clock=clock, sleep=clock.sleep).run(
+            [Request("a", "x")], GenParams(), Synchronous()
+        )
+    )
+    assert a.ttft == pytest.approx(0.5) and a.itl == pytest.approx((0.1, 0.2))
+    assert a.chunk_tokens == (1, 2, 1) and a.output_token_ids == (0, 1, 2, 3)
+    assert a.e2e == pytest.approx(0.8 + 0.3)
