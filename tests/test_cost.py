@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from bench.cost import Cell, _cell, _row
 
 
@@ -54,3 +56,23 @@ def test_each_token_is_stamped_with_its_step() -> None:
         for t in steps:
             by_step[t] = by_step.get(t, 0) + 1
     assert max(by_step.values()) == 4  # the cap: four requests shared a step's stamp
+
+
+@pytest.mark.slow  # three HF engines: ~15 s of CPU
+def test_gpu_check_cpu_mode(tmp_path) -> None:
+    """bench/gpu_check runs end to end on the CPU (tiny sizes): step costs, sides, markdown."""
+    from bench.gpu_check import check, markdown
+
+    dims = {"num_attention_heads": 2, "ffn_dim": 64, "vocab_size": 2304}
+    sizes = {
+        "target": {"hidden_size": 64, "num_hidden_layers": 2, **dims},
+        "draft": {"hidden_size": 32, "num_hidden_layers": 1, **dims},
+    }
+    d = asyncio.run(check("cpu", sizes, n_prompts=1, tokens=9, rounds=1, workdir=tmp_path))
+    assert set(d["sides"]) == {"plain", "assisted K=4", "assisted, HF defaults", "raw generate"}
+    assert all(r["tokens"] == 9 for runs in d["sides"].values() for r in runs)
+    assert d["step_costs"]["c"] > 0 and d["bound_tok_s"] > 0
+    # zeroed blocks: the draft agrees with the target on every token (the ceiling)
+    assert d["spec"]["assisted K=4"]["alpha"] == 1.0
+    text = markdown(d)
+    assert "c = " in text and "| plain" in text
