@@ -134,6 +134,56 @@ def _row(cell: Cell, hs: list[Round], rs: list[Round]) -> tuple[list[Any], dict[
     return cells, facts
 
 
+async def _http_client(quick: bool) -> tuple[list[list[Any]], dict[str, float]]:
+    """The HTTP client's CPU per request and per SSE event: the harness (Runner + OpenAIEngine)
+    against the stub server (its own process) at zero delay, 1 and 64 tokens per request,
+    interleaved; this process's CPU time (``time.process_time``: every client thread, no stub)."""
+    import tempfile
+    from pathlib import Path
+
+    from bench.capacity import StubServer
+    from bench.common import prompts, requests
+    from engines.base import EngineConfig, GenParams
+    from engines.openai import OpenAIEngine
+    from harness.load import Concurrent
+    from harness.runner import Runner
+
+    conc, n, pairs = (64, 64, 2) if quick else (64, 256, 5)
+    lengths = (1, 64)
+    cpu: dict[int, list[float]] = {k: [] for k in lengths}
+    wall: dict[int, list[float]] = {k: [] for k in lengths}
+    with tempfile.TemporaryDirectory(prefix="bench-cost-") as work:
+        stub = StubServer(Path(work))
+        try:
+            await stub.wait()
+            opts = {"base_urls": [stub.url + "/v1"], "max_concurrency": conc,
+                    "extra_body": {"stub_ttft_ms": 0, "stub_itl_ms": 0}}  # fmt: skip
+            engine = OpenAIEngine(EngineConfig(engine="openai", model="stub", options=opts))
+            await engine.start()
+            try:
+                for k in range(pairs + 1):  # the first pair is the warm-up
+                    for tokens in lengths if k % 2 == 0 else lengths[::-1]:
+                        reqs = requests(prompts(n, tag=f"http{k}-{tokens}"))
+                        params = GenParams(max_new_tokens=tokens, ignore_eos=True)
+                        p0, t0 = time.process_time(), now()
+                        recs = await Runner(engine).run(reqs, params, Concurrent(conc))
+                        dt, c = now() - t0, time.process_time() - p0
+                        assert all(r.ok and r.output_tokens == tokens for r in recs)
+                        if k:
+                            cpu[tokens].append(c / n * 1e6)
+                            wall[tokens].append(n / dt)
+            finally:
+                await engine.close()
+        finally:
+            stub.close()
+    one, many = statistics.median(cpu[1]), statistics.median(cpu[64])
+    per_event = (many - one) / 63
+    per_request = one - per_event
+    rows = [[t, conc, n, statistics.median(wall[t]), statistics.median(cpu[t]),
+             1e6 / statistics.median(cpu[t])] for t in lengths]  # fmt: skip
+    return rows, {"per_event_us": per_event, "per_request_us": per_request}
+
+
 async def run(quick: bool) -> Result:
     res = Result("cost", "5. Harness cost at GPU step rates (step simulator)")
     steps = 12 if quick else 48
@@ -192,5 +242,25 @@ async def run(quick: bool) -> Result:
         "ids (`generate_batch(streamed=True)`). CPU columns: medians over the harness rounds. "
         f"Measured in {time.perf_counter() - t_start:.0f} s."
     )
-    res.commands.append("python -m bench cost   # in-process: no external command")
+    http_rows, fit = await _http_client(quick)
+    res.body.append(
+        "HTTP client CPU (harness `openai` engine against `bench/stub_server.py` at zero delay, "
+        "its own process; this process's CPU time, every client thread):\n\n"
+        + table(
+            [
+                "tokens/request",
+                "concurrency",
+                "requests",
+                "req/s (wall, shared cores)",
+                "client CPU us/request",
+                "req/s per client core (1e6 / CPU us)",
+            ],
+            http_rows,
+        )
+        + f"\n\nFit: {fit['per_request_us']:.0f} us of client CPU per request plus "
+        f"{fit['per_event_us']:.1f} us per SSE event (one event per output token): one client "
+        f"core sustains about {1e6 / (fit['per_request_us'] + 64 * fit['per_event_us']):,.0f} "
+        f"requests/s of 64 tokens, or {1e6 / fit['per_event_us']:,.0f} streamed tokens/s."
+    )
+    res.commands.append("python -m bench cost   # in-process, plus bench/stub_server.py")
     return res

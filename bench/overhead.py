@@ -339,8 +339,9 @@ async def run(quick: bool) -> Result:
         "`VLLMEngine.generate_batch`, i.e. `llm.generate`; HF: `engine.model.generate` without "
         "a streamer). Wall time around the whole call on both sides. The harness side streams "
         "every token with its timestamp: in-process engines stamp each step's tokens on their "
-        "own thread with the runner's clock and hand them to the event loop at most every 50 ms "
-        "and when a request ends (`DELIVERY_S` in engines/hf.py and engines/vllm.py)."
+        "own thread with the runner's clock; a request's stream takes them, one chunk with a "
+        "stamp per step, at most every 0.5 s and when it ends (`DELIVERY_S` in "
+        "engines/handover.py)."
     )
     res.body.extend(why(facts))
     if fallback:
