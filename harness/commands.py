@@ -33,6 +33,11 @@ def load_results(path: str) -> dict[str, Any]:
         return upgrade(to_results(items, str(p)))
     items = read_vllm_file(text)
     if items is not None:
+        if not all(d.get("start_times") and d.get("latencies") for d in items):
+            raise UsageError(
+                f"{p}: a vllm bench serve result without per-request data; rerun it with "
+                "--save-detailed (the harness pairs requests, not aggregates)"
+            )
         return upgrade(to_results(items, str(p)))
     if not isinstance(data, dict) or "schema_version" not in data or "runs" not in data:
         raise UsageError(

@@ -5,7 +5,7 @@ files hold one per line) becomes one run each, with the same field meanings: mil
 seconds, the acceptance rate in percent becomes a fraction. With ``--save-detailed`` the
 per-request lists become records (request ``i`` gets id ``str(i)``: vLLM keeps the dataset's
 order, and the harness's ``random`` and custom-file ids are the same indices), so ``compare``
-pairs them prompt by prompt; without it the run carries vLLM's own aggregates as its summary.
+pairs them; a file without them is refused in one line (aggregates cannot be paired).
 
 Out: each run of a results.json in vLLM's shape (aggregates from the stored summary, per-request
 lists from the records), as ``<dir>/<engine>-<label>-<point>/run=R.json`` plus a

@@ -106,6 +106,12 @@ def test_bad_file_is_one_line(tmp_path: Path, capsys) -> None:
     assert main(["compare", str(p), str(p)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a results file" in err[0]
+    agg = {k: v for k, v in from_run(_results([]), _run("baseline", 4, 1.0)).items()}
+    del agg["start_times"]  # written without --save-detailed
+    p.write_text(json.dumps(agg))
+    assert main(["compare", str(p), str(p)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--save-detailed" in err[0]
 
 
 @pytest.mark.slow
