@@ -280,8 +280,14 @@ def _fmt(r: Comparison | None) -> str:
 
 
 async def tune(loads: Sequence[int], methods: Mapping[str, Sequence[int]], measure: Measure,
-               s: Settings = Settings()) -> list[LoadResult]:  # fmt: skip
-    return [await tune_load(load, methods, measure, s) for load in loads]
+               s: Settings = Settings(), on_load: Callable[[LoadResult], None] | None = None,
+               ) -> list[LoadResult]:  # fmt: skip
+    out = []
+    for load in loads:
+        out.append(await tune_load(load, methods, measure, s))
+        if on_load is not None:
+            on_load(out[-1])
+    return out
 
 
 async def saturation_loads(measure: Measure, up_to: int, gain: float = 1.10) -> list[int]:

@@ -23,6 +23,7 @@ from typing import Any
 
 from engines.base import EngineConfig, EngineError
 from harness.cli import UsageError, build_parser, positive_int
+from harness.design import INTERLEAVED, Slot
 from harness.load import Concurrent
 from harness.plan import PlanError, Point, RunPlan
 from harness.results import Run
@@ -136,23 +137,27 @@ def _spec_config(plan: RunPlan, method: str, k: int) -> dict[str, Any] | None:
 
 
 def _engine_config(plan: RunPlan, spec: Mapping[str, Any] | None) -> EngineConfig:
-    return EngineConfig(
-        engine=plan.engines[0], model=plan.model, tokenizer=plan.tokenizer,
-        draft_model=plan.draft_model, spec_config=None if spec is None else dict(spec),
-        dtype=plan.dtype, device=plan.device, seed=plan.seed,
-        engine_args=dict(plan.engine_args), options=dict(plan.options.get(plan.engines[0], {})),
+    """The EngineConfig a normal run builds for this speculative_config (None: the baseline)."""
+    one = replace(
+        plan, spec_methods=(), spec_config=None if spec is None else dict(spec),
+        baseline=spec is None,
     )  # fmt: skip
+    return one.engine_configs({})[0][1]
 
 
 class Bench:
     """The measurement callback: one engine per arm (started on first use, kept warm), each
     arm's run through the session; runs are kept per phase for results.json."""
 
-    def __init__(self, plan: RunPlan, requests: Sequence[Any], out: Path, quiet: bool):
+    def __init__(
+        self, plan: RunPlan, requests: Sequence[Any], out: Path, quiet: bool, share: int = 1
+    ):
         from harness.session import Session
 
         self.plan, self.out, self.requests = plan, out, list(requests)
         self.session = Session(plan, requests, journal=None, progress=not quiet)
+        self.session._t0 = self.session.clock()
+        self.share = share  # engines alive at once, at most (a GPU's memory is split by it)
         self.lanes: dict[Arm, Any] = {}
         self.configs: dict[Arm, dict[str, Any] | None] = {BASELINE: None}
         self.warm: set[tuple[Arm, int]] = set()
@@ -172,7 +177,7 @@ class Bench:
             if config.engine == "vllm-server":
                 log = self.out / f"vllm-server-{arm.label}.log"
                 config = replace(config, options={**config.options, "log_path": str(log)})
-            lane = Lane(arm.label, config)
+            lane = Lane(arm.label, config).with_share(self.share)
             await self.session._start(lane)
             self.lanes[arm] = lane
         return self.lanes[arm]
@@ -185,14 +190,17 @@ class Bench:
         if not self.plan.lengths_from_workload:  # an explicit --max-new-tokens wins
             reqs = [replace(r, max_new_tokens=None) for r in reqs]
         self.session.requests = reqs
-        for arm in arms:
+        for position, arm in enumerate(arms):
             lane = await self._lane(arm)
             if lane.engine is None:
                 continue  # did not start: the session recorded why
             cell = self.plan.cell(lane.config.engine, arm.label, point, max(rnd, 0))
             first = (arm, load) not in self.warm
             self.warm.add((arm, load))
-            run = await self.session._run_point(lane, cell, point, warmup=first)
+            # the round is the block (pairing unit); point = the load's place in the sweep
+            slot = Slot(INTERLEAVED, load, max(rnd, 0), position, self.session._seq)
+            self.session._seq += 1
+            run = await self.session._run_point(lane, cell, point, first, slot)
             self.runs[phase].append(run)
             sample = _sample(run)
             if sample is not None:
@@ -261,7 +269,8 @@ async def _run(args, plan: RunPlan, workload, out: Path, methods, settings: Sett
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     requests = workload.requests
-    bench = Bench(plan, requests, out, args.quiet)
+    share = 3 + len(methods) * (settings.keep_per_method + 1)
+    bench = Bench(plan, requests, out, args.quiet, share)
     note: list[str] = []
     try:
         if args.concurrency:
@@ -276,7 +285,13 @@ async def _run(args, plan: RunPlan, workload, out: Path, methods, settings: Sett
             f"each run: max({MIN_REQUESTS}, {PER_LOAD} x load) requests, a new slice of the "
             f"{len(requests)}-prompt workload every round (all arms of a round the same slice)"
         )
-        results = await tune(loads, methods, bench, settings)
+
+        def said(r: LoadResult) -> None:
+            print(f"[harness] tune: load {r.load}: {r.verdict} ({r.rounds} rounds, "
+                  f"{time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
+
+        print(f"[harness] tune: loads {loads}", file=sys.stderr, flush=True)
+        results = await tune(loads, methods, bench, settings, said)
         method_cfgs = {m: bench.configs.get(Arm(m, max(ks))) or {} for m, ks in methods.items()}
         config, schedule, notes = build_config(picks(results), method_cfgs)
         note += notes
@@ -320,7 +335,8 @@ async def _run(args, plan: RunPlan, workload, out: Path, methods, settings: Sett
             (out / phase).mkdir(exist_ok=True)
             finalize(
                 out / phase, sub, workload, bench.runs[phase], "complete", args.min_effect, None,
-                plots=False,
+                plots=False, temperature=args.temperature,
+                design=bench.session.design_record(sorted({r.cell.label for r in bench.runs[phase]})),
             )  # fmt: skip
     print(md)
     print(f"[harness] tune: {out / 'tune.md'}  config: {out / 'speculative_config.json'}",
