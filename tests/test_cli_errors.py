@@ -88,6 +88,9 @@ CASES = {
         ["--spec-config", "@{w:spec_bad.json}"],
         ["--spec-config", "spec_bad.json", "invalid JSON", "line 3"],
     ),
+    "tune with hf": (["tune", "--engine", "hf"], ["tune", "--engine", "vllm-server"]),
+    "tune with request rate": (["tune", "--request-rate", "2"], ["tune", "--concurrency"]),
+    "tune bad k": (["tune", "--tune-k", "0"], ["--tune-k", "must be > 0"]),
     "spec-config bad schedule": (
         ["--spec-config", "{w:spec_gap.json}", "--mode", "latency"],
         ["num_speculative_tokens_per_batch_size", "must start at 1"],

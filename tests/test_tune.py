@@ -211,3 +211,16 @@ def test_picks_and_best_fixed_k_from_a_search():
     cfg, schedule, notes = build_config(list(got.values()), {"ngram": {"method": "ngram"}})
     assert cfg["method"] == "ngram" and schedule[0] == (1, 3, 3) and schedule[-1][2] == 0
     assert best_fixed_k(results, "ngram") == 3  # 1.62, 1.10, 0.80: the best sum of logs
+
+
+def test_round_requests_slice_the_workload_and_cycle_with_new_ids():
+    from harness.tune_app import round_requests
+    from workloads.base import Request
+
+    reqs = [Request(id=f"p{i}", prompt=f"prompt {i}") for i in range(10)]
+    r0, r1 = round_requests(reqs, 1, 0), round_requests(reqs, 1, 1)
+    assert [r.id for r in r0] == [f"p{i}" for i in range(8)]  # max(8, 2 x 1)
+    assert [r.id for r in r1] == ["p8", "p9", "p0", "p1", "p2", "p3", "p4", "p5"]  # next slice
+    for rnd in range(3):
+        big = round_requests(reqs, 16, rnd)  # 2 x 16 = 32 from 10 prompts: ids stay unique
+        assert len(big) == 32 and len({r.id for r in big}) == 32
