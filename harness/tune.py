@@ -190,7 +190,15 @@ async def tune_load(load: int, methods: Mapping[str, Sequence[int]], measure: Me
             else:
                 cands[arm].status = "pruned"
     verdict_line = ""
-    while True:
+    if live == [BASELINE]:  # nothing is predicted to come near: no race to run
+        cands[BASELINE].status = "chosen"
+        top = max(predicted, key=lambda a: predicted[a], default=None)
+        verdict_line = "baseline: every candidate predicted more than " + (
+            f"{s.prune_margin:.0%} below speculation off (best: {top.label} {predicted[top]:.2f}x)"
+            if top
+            else "the margin below speculation off"
+        )
+    while not verdict_line:
         ready = all(len(race.samples.get(a, {})) >= s.min_rounds for a in live)
         if ready:
             done, verdict_line = _decide(race, live, cands, s)

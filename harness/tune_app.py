@@ -39,7 +39,7 @@ from harness.tune import (
     tune,
     verify,
 )
-from harness.tune_report import markdown, to_json
+from harness.tune_report import fmt, markdown, to_json
 
 ENGINES = ("vllm", "vllm-server")
 DEFAULT_KS = (1, 2, 3, 4, 6)
@@ -229,8 +229,9 @@ def _sample(run: Run) -> Sample | None:
 
 
 def picks(results: Sequence[LoadResult]) -> list[Pick]:
-    """Per load: the chosen arm, and for each method its best measured K that beat the
-    baseline there (0 when none did): what a one-method schedule can use at that load."""
+    """Per load: the chosen arm where it was shown to pay (its CI against the baseline above 1),
+    else speculation off; and for each method its best K that was shown to pay there (none:
+    off): what a one-method schedule can use at that load."""
     out = []
     for r in results:
         by_method: dict[str, tuple[int, float | None]] = {}
@@ -242,8 +243,11 @@ def picks(results: Sequence[LoadResult]) -> list[Pick]:
             if pays and v.estimate > (by_method.get(m, (0, 0.0))[1] or 0.0):
                 by_method[m] = (c.arm.k, v.estimate)
         chosen = r.candidate(r.chosen)
-        speed = chosen.vs_baseline.estimate if chosen and chosen.vs_baseline else 1.0
-        out.append(Pick(r.load, r.chosen.method, r.chosen.k, speed, by_method))
+        v = chosen.vs_baseline if chosen else None
+        if r.chosen.method is None or v is None or v.verdict != "faster":
+            out.append(Pick(r.load, None, 0, 1.0, by_method))  # on only where shown to pay
+        else:
+            out.append(Pick(r.load, r.chosen.method, r.chosen.k, v.estimate, by_method))
     return out
 
 
@@ -293,7 +297,15 @@ async def _run(args, plan: RunPlan, workload, out: Path, methods, settings: Sett
         print(f"[harness] tune: loads {loads}", file=sys.stderr, flush=True)
         results = await tune(loads, methods, bench, settings, said)
         method_cfgs = {m: bench.configs.get(Arm(m, max(ks))) or {} for m, ks in methods.items()}
-        config, schedule, notes = build_config(picks(results), method_cfgs)
+        chosen = picks(results)
+        for r, p in zip(results, chosen):
+            if r.chosen.method is not None and p.method is None:
+                c = r.candidate(r.chosen)
+                note.append(
+                    f"load {r.load}: {r.chosen.label} led but was not shown to pay "
+                    f"({fmt(c.vs_baseline if c else None)} vs the baseline): speculation off there"
+                )
+        config, schedule, notes = build_config(chosen, method_cfgs)
         note += notes
         verification: Verification | None = None
         if config is not None and not args.no_verify:

@@ -56,12 +56,14 @@ def markdown(
         "concurrency), t-interval on per-round log ratios; predicted = Leviathan E(K) / (1 + K c) "
         "from the acceptance per position measured at the largest K, c fitted to its speedup.",
         "",
+        "Candidates not raced are listed under the table with their prediction.",
+        "",
         "| load | candidate | predicted | speedup [95% CI] | vs leader | status |",
         "|---|---|---|---|---|---|",
     ]
     for r in results:
-        order = sorted(r.candidates, key=lambda c: (c.status == "pruned", c.arm.cost))
-        for c in order:
+        raced = sorted((c for c in r.candidates if c.status != "pruned"), key=lambda c: c.arm.cost)
+        for c in raced:
             pred = f"{c.predicted:.2f}x" if c.predicted is not None else "-"
             speed = "1 (reference)" if c.arm.method is None else fmt(c.vs_baseline)
             lead = fmt(c.vs_leader) if c.vs_leader is not None else "-"
@@ -70,10 +72,18 @@ def markdown(
     lines.append("")
     for r in results:
         c_fit = ", ".join(f"{m} {c:.3f}" for m, c in r.c_fit.items())
+        pruned = [c for c in r.candidates if c.status == "pruned"]
         lines.append(
             f"- load {r.load}: **{r.chosen.label}**: {r.verdict} ({r.rounds} rounds"
             + (f"; fitted c: {c_fit}" if c_fit else "")
-            + ")."
+            + ")"
+            + (
+                "; not raced (predicted): "
+                + ", ".join(f"{c.arm.label} {c.predicted:.2f}x" for c in pruned if c.predicted)
+                if pruned
+                else ""
+            )
+            + "."
         )
     lines.append("")
     if verification is not None:
