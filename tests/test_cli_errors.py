@@ -92,7 +92,7 @@ CASES = {
     "tune with request rate": (["tune", "--request-rate", "2"], ["tune", "--concurrency"]),
     "tune bad k": (["tune", "--tune-k", "0"], ["--tune-k", "must be > 0"]),
     "spec-config bad schedule": (
-        ["--spec-config", "{w:spec_gap.json}", "--mode", "latency"],
+        ["--spec-config", "{w:spec_gap.json}", "--mode", "latency", "--model", "tiny"],
         ["num_speculative_tokens_per_batch_size", "must start at 1"],
     ),
     "bad engine-args json": (["--engine-args", "{'a': 1}"], ["--engine-args", "invalid JSON"]),
