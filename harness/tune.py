@@ -329,6 +329,10 @@ class Verification:
     def failures(self) -> list[str]:
         out = []
         for row in self.rows:
+            if row["schedule_vs_fixed"].lo is None or row["schedule_vs_baseline"].lo is None:
+                n = min(row["schedule_vs_fixed"].n, row["schedule_vs_baseline"].n)
+                out.append(f"load {row['load']}: not measured ({n} paired rounds; see stderr)")
+                continue
             for key, what in (("schedule_vs_fixed", self.fixed.label), ("schedule_vs_baseline",
                               "the baseline")):  # fmt: skip
                 if row[key].verdict == "slower":

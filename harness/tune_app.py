@@ -178,7 +178,12 @@ class Bench:
                 log = self.out / f"vllm-server-{arm.label}.log"
                 config = replace(config, options={**config.options, "log_path": str(log)})
             lane = Lane(arm.label, config).with_share(self.share)
+            before = len(self.session.runs)
             await self.session._start(lane)
+            if lane.engine is None:  # said even with --quiet: the tables will show n/a
+                new = self.session.runs[before:]
+                why = new[0].status if new else "engine did not start"
+                print(f"[harness] tune: {arm.label}: {why}", file=sys.stderr, flush=True)
             self.lanes[arm] = lane
         return self.lanes[arm]
 

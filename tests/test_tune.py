@@ -224,3 +224,16 @@ def test_round_requests_slice_the_workload_and_cycle_with_new_ids():
     for rnd in range(3):
         big = round_requests(reqs, 16, rnd)  # 2 x 16 = 32 from 10 prompts: ids stay unique
         assert len(big) == 32 and len({r.id for r in big}) == 32
+
+
+def test_verification_fails_when_the_schedule_never_ran():
+    from harness.tune import verify
+
+    class NoSchedule(ScriptedLoad):
+        async def __call__(self, load, arms, rnd):
+            got = await super().__call__(load, arms, rnd)
+            return {a: s for a, s in got.items() if a != SCHED}  # its engine did not start
+
+    engine = NoSchedule({(1, SCHED): 1.5, (1, FIXED): 1.5}, seed=0)
+    v = asyncio.run(verify([1], [BASELINE, SCHED, FIXED], engine, 3))
+    assert not v.passed and "load 1: not measured" in v.headline()
