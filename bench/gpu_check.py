@@ -56,11 +56,11 @@ DEADLINE_S = 6 * 60  # stop adding rounds after this (the whole check stays unde
 
 
 def build(out: Path, dims: dict[str, int], dtype: Any, device: str, seed: int) -> str:
-    """A random-weight OPT written to ``out`` with the embedded tokenizer (ids < its vocab)."""
+    """A random-weight OPT written to ``out`` with the tiny pair's tokenizer (ids < its vocab)."""
     import torch
     from transformers import OPTConfig, OPTForCausalLM
 
-    from harness.models import embedded_path
+    from harness.models import tiny_path
 
     if (out / "config.json").exists():
         return str(out)
@@ -77,7 +77,7 @@ def build(out: Path, dims: dict[str, int], dtype: Any, device: str, seed: int) -
                 lin.weight.zero_()
                 lin.bias.zero_()
     model.save_pretrained(out)
-    tok = Path(embedded_path("target"))
+    tok = Path(tiny_path("target"))
     for f in tok.iterdir():
         if "token" in f.name or f.name == "chat_template.jinja":
             shutil.copy(f, out / f.name)
