@@ -135,10 +135,13 @@ def test_managed_vllm_server_spec_end_to_end(tmp_path, embedded_pair):
     assert spec["spec_metrics"]["num_drafts"] > 0  # scraped from the server's /metrics
     assert all(r["ok"] for r in spec["records"])
     assert (out / "vllm-server-ngram.log").stat().st_size > 0
+    # both servers alive at once, runs interleaved, each server's prefix cache reset per run
+    assert res["design"]["name"] == "interleaved"
+    assert {r["schedule"]["cache"] for r in res["runs"]} == {"reset"}
     leftovers = [
         p
         for p in psutil.process_iter(["cmdline"])
         if "vllm.entrypoints.cli.main" in " ".join(p.info["cmdline"] or [])
-        and " serve " in " ".join(p.info["cmdline"] or [])
-    ]
+        and f" serve {embedded_pair[0]} " in " ".join(p.info["cmdline"] or [])
+    ]  # this checkout's model only: other checkouts on the machine may serve theirs
     assert not leftovers
