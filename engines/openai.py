@@ -418,6 +418,8 @@ class OpenAIEngine:
             body["prompt"] = request.prompt or ""
         if self.vllm_extras:
             body["return_token_ids"] = True
+            if request.cache_salt:
+                body["cache_salt"] = request.cache_salt
             if params.ignore_eos:
                 body["ignore_eos"] = True
                 body["min_tokens"] = max_tokens

@@ -303,7 +303,9 @@ class VLLMEngine:
                 fut.set_exception(e)
 
     def _add(self, rid: str, request: Request, sp: Any) -> None:
-        prompt = {"prompt_token_ids": self._encode(request)}
+        prompt: dict[str, Any] = {"prompt_token_ids": self._encode(request)}
+        if request.cache_salt:
+            prompt["cache_salt"] = request.cache_salt
         preprocess = getattr(self._llm, "_preprocess_cmpl_one", None)
         self._llm.llm_engine.add_request(rid, preprocess(prompt) if preprocess else prompt, sp)
 

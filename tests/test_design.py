@@ -185,3 +185,14 @@ def test_interleaving_cancels_drift_that_sequential_blocks_turn_into_a_differenc
     assert design == INTERLEAVED and interleaved == pytest.approx(1.0, abs=0.003)
     design, sequential = ratio(False)
     assert design == SEQUENTIAL and sequential < 0.97
+
+
+def test_cycled_copies_never_share_a_prefix_cache_namespace() -> None:
+    """A throughput run cycles the prompts to fill its waves: each pass has its own cache salt,
+    so the copy of a prompt cannot reuse the blocks its original cached in the same run."""
+    from workloads import Cycled
+
+    cycled = list(Cycled(PROMPTS, 3 * len(PROMPTS), seed=1))
+    assert [r.cache_salt for r in cycled[: len(PROMPTS)]] == [None] * len(PROMPTS)
+    salts = {(r.id.split("~")[0], r.cache_salt) for r in cycled}
+    assert len(salts) == len(cycled)  # (prompt, salt) unique: no copy shares its original's

@@ -173,7 +173,8 @@ def synthetic_workload(
 
 class Cycled(Sequence[Request]):
     """``n`` requests cycled from ``base``: pass 0 in order, each later pass a seeded
-    reshuffle (``random.Random(f"{seed}/{pass}")``), ids ``ID~K`` for the K-th copy. Lazy, so a
+    reshuffle (``random.Random(f"{seed}/{pass}")``), ids ``ID~K`` for the K-th copy, each pass
+    its own prefix-cache salt (a copy must not hit the blocks its original cached). Lazy, so a
     ``--duration`` run can ask for far more requests than it will send."""
 
     def __init__(self, base: Sequence[Request], n: int, seed: int = 0) -> None:
@@ -194,7 +195,7 @@ class Cycled(Sequence[Request]):
             random.Random(f"{self.seed}/{k}").shuffle(order)
             self._orders[k] = order
         r = self.base[self._orders[k][j]]
-        return replace(r, id=f"{r.id}~{k}")
+        return replace(r, id=f"{r.id}~{k}", cache_salt=f"pass-{k}")
 
     @overload
     def __getitem__(self, i: int) -> Request: ...

@@ -21,3 +21,6 @@ class Request:
     category: str | None = None
     source: str = ""  # "file:line" for error messages
     prompt_token_ids: tuple[int, ...] | None = None
+    # prefix-cache namespace (vLLM's ``cache_salt``): copies of one prompt cycled into a run get
+    # one per pass, so a copy never reuses the blocks its original cached (workloads.Cycled)
+    cache_salt: str | None = None
