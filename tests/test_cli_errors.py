@@ -121,6 +121,8 @@ CASES = {
     ),  # fmt: skip
     "openai url for no variant": (
         [
+            "--model",
+            "tiny",
             "--engine",
             "openai",
             "--spec",
