@@ -170,8 +170,22 @@ def main(argv: list[str]) -> int:
     b.add_argument(
         "--train",
         action="store_true",
-        help="smollm2: retrain the draft and the EAGLE-3 head from scratch (about 30 min on "
-        "2 cores) instead of assembling the committed weights",
+        help="smollm2: retrain the draft and the EAGLE-3 head from scratch (self-distillation "
+        "on the target's greedy outputs; about 30 min on 2 idle cores) instead of assembling "
+        "the committed weights",
+    )
+    b.add_argument(
+        "--train-seconds",
+        type=float,
+        default=600.0,
+        help="with --train: training time of each speculator (default 600)",
+    )
+    b.add_argument(
+        "--data-seconds",
+        type=float,
+        default=float("inf"),
+        help="with --train: stop generating training data after this long (default: all "
+        "128 prompts; batches are cached in .cache/train/)",
     )
     b.add_argument("--out", type=Path, default=None, help="tiny: output directory")
     b.add_argument("--seed", type=int, default=0)
@@ -198,7 +212,12 @@ def main(argv: list[str]) -> int:
             if args.train:
                 from harness import models_train
 
-                models_train.train_all(seed=args.seed, progress=not args.quiet)
+                models_train.train_all(
+                    seed=args.seed,
+                    progress=not args.quiet,
+                    budget_s=args.train_seconds,
+                    data_seconds=args.data_seconds,
+                )
             models_smollm.assemble(force=args.force or args.train)
             print(f"smollm2 ready at {models_smollm.FAMILY_DIR} ({time.perf_counter() - t0:.0f} s)")
     return 0

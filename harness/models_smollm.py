@@ -34,7 +34,7 @@ KINDS = ("target", "draft", "eagle3")
 # vLLM hands an EAGLE-3 head the residual stream after these layers of the 30-layer target,
 # which are HF's output_hidden_states[2], [15], [27] (checked to ~5e-7 relative).
 EAGLE3_LAYERS = (2, 15, 27)
-DRAFT_LAYERS = (0, 29)  # the draft model starts as the target's first and last layers
+DRAFT_LAYERS = (0, 1)  # the draft model starts as the target's first 2 layers (early exit)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
@@ -122,7 +122,7 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def assemble_draft(out: Path, target: Path, trained: Path = TRAINED_DIR) -> None:
-    """The draft: a 2-layer Llama of the target's layers ``DRAFT_LAYERS`` (first and last), its
+    """The draft: a 2-layer Llama of the target's layers ``DRAFT_LAYERS`` (its first two), its
     final norm and tied embedding (a layer-skip draft); the layers and norm distilled by
     ``models build --train`` replace the copied ones when ``trained/draft.safetensors`` exists."""
     import torch

@@ -6,7 +6,7 @@ labels (as in the EAGLE papers and in distilled drafts), so greedy acceptance is
    held out to measure acceptance).
 2. ``features``: one HF forward per sequence with ``output_hidden_states``; layers 2, 15, 27 (what
    vLLM hands an EAGLE-3 head) kept in fp16 for the head.
-3. ``train_draft``: a 2-layer Llama made of the target's layers 0 and 29, final norm and tied
+3. ``train_draft``: a 2-layer Llama made of the target's layers 0 and 1, final norm and tied
    embedding (frozen, not committed); only the layers and the norm train.
 4. ``train_eagle3``: the head of ``harness.models_smollm`` (vLLM's layout) with a 3-step
    training-time-test unroll, so draft positions 2 and 3 see their own outputs as at inference.
@@ -251,7 +251,7 @@ def _lr(step: int, steps: int, peak: float) -> float:
 
 # ---- the draft model ----------------------------------------------------------------------------
 def make_draft(target_model: Any) -> Any:
-    """A Llama of the target's first and last layers, final norm and tied embedding."""
+    """A Llama of the target's layers DRAFT_LAYERS, final norm and tied embedding."""
     torch = _torch()
     from transformers import LlamaForCausalLM
 
