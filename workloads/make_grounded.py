@@ -8,7 +8,7 @@ Run from the project root: ``python -m workloads.make_grounded``.
   files were made with CPython 3.11; another version may give slightly different sources.
 - ``default``: 8 chat prompts for the default run on SmolLM2-135M-Instruct: 4 of Spec-Bench's
   general categories plus input-grounded ones (summarization, rag, 2 code edits), ``DEFAULT_IDS``;
-  8 x 64 tokens keep the main job (4 variants, 2 modes, 8 repeats) near 10 min on 2 cores.
+  short prompts: 8 x 64 tokens per latency repeat (README: budget of the default main job).
 - ``tiny``: 16 short prompts sized for the tiny test pair (a code model): 8 code completions
   (the head of a stdlib function: signature, docstring, first lines; the model continues it),
   4 of the code edits (one of each kind) and the first Spec-Bench prompt under 1000 characters
