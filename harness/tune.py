@@ -331,12 +331,17 @@ class Verification:
         for row in self.rows:
             if row["schedule_vs_fixed"].lo is None or row["schedule_vs_baseline"].lo is None:
                 n = min(row["schedule_vs_fixed"].n, row["schedule_vs_baseline"].n)
-                out.append(f"load {row['load']}: not measured ({n} paired rounds; see stderr)")
+                out.append(
+                    f"load {row['load']}: the schedule was not measured ({n} paired rounds; "
+                    "see stderr)"
+                )
                 continue
-            for key, what in (("schedule_vs_fixed", self.fixed.label), ("schedule_vs_baseline",
+            for key, what in (("schedule_vs_fixed", f"fixed {self.fixed.label}"), ("schedule_vs_baseline",
                               "the baseline")):  # fmt: skip
                 if row[key].verdict == "slower":
-                    out.append(f"load {row['load']}: slower than {what} ({_fmt(row[key])})")
+                    out.append(
+                        f"load {row['load']}: the schedule is slower than {what} ({_fmt(row[key])})"
+                    )
         return out
 
     @property
@@ -345,7 +350,7 @@ class Verification:
 
     def headline(self) -> str:
         if not self.passed:
-            return "tune: verification FAILED: the schedule is " + "; ".join(self.failures)
+            return "tune: verification FAILED: " + "; ".join(self.failures)
         wins = [r["load"] for r in self.rows if r["schedule_vs_fixed"].verdict == "faster"]
         gain = (
             f"beats fixed {self.fixed.label} at load {', '.join(map(str, wins))}"

@@ -236,4 +236,4 @@ def test_verification_fails_when_the_schedule_never_ran():
 
     engine = NoSchedule({(1, SCHED): 1.5, (1, FIXED): 1.5}, seed=0)
     v = asyncio.run(verify([1], [BASELINE, SCHED, FIXED], engine, 3))
-    assert not v.passed and "load 1: not measured" in v.headline()
+    assert not v.passed and "load 1: the schedule was not measured" in v.headline()
