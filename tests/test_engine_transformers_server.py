@@ -1,9 +1,10 @@
-"""A second real server: ``transformers serve`` started by TransformersServerEngine on the embedded
-target, over loopback, driven by the plain ``openai`` engine through the runner.
+"""A second real server: ``transformers serve`` started by TransformersServerEngine on the tiny
+pair's target, over loopback, driven by the plain ``openai`` engine through the runner.
 
-One server of each kind (without and with continuous batching) for the module. Its ``/v1/models`` answers 500 here for real (the Hugging Face cache
-directory it scans is pointed at a path that does not exist), so every test also runs "with the
-model listing failing and the model named".
+One server of each kind (without and with continuous batching) for the module. Their
+``/v1/models`` answers 500 here for real (the Hugging Face cache directory it scans is pointed at
+a path that does not exist), so every test also runs "with the model listing failing and the
+model named".
 """
 
 from __future__ import annotations
