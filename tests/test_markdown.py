@@ -78,13 +78,27 @@ def check_summary(md: str, res: Mapping[str, Any]) -> int:
     points = list(dict.fromkeys(r["point"] for r in res["rows"]))
     found = 0
     main = iter(points)
+    point_heading = None
     for heading, rows in tables(md):
         if heading.startswith("Theory"):
             stored = [[t, *at(comps, t["comparison"])] for t in res["theory"]]
         elif heading.startswith("Paired comparisons"):
             stored = [[c] for c in comps]
+        elif heading.startswith("Per category"):
+            stored = [
+                [
+                    *t["cells"].values(),
+                    *(c["acceptance"] for c in t["cells"].values()),
+                ]
+                for row in rows
+                for t in res["categories"]
+                if t["candidate"] == row[0]
+                and t["mode"] in heading
+                and f"max_new_tokens={t['max_new_tokens']}" in heading
+            ]
         else:
-            point = next(main)
+            if heading != point_heading:  # a point's main table; its percentile table follows
+                point, point_heading = next(main), heading
             entries = [r for r in res["rows"] if r["point"] == point]
             assert [r["name"] for r in entries] == [row[0] for row in rows], heading
             stored = [[r, *at(comps, r["comparison"]), *at(checks, r["lossless"])] for r in entries]
