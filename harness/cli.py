@@ -11,9 +11,10 @@ from typing import Any
 
 from harness import vllm_flags
 
-# Repeats are the unit of every CI (harness/stats.py). 8 detect a 10% speedup of tokens/s with
-# 89% power at 5% run-to-run noise (README, Statistics; tests/test_calibration.py); 3 give 25%.
-DEFAULT_REPEATS = 8
+# Repeats are the unit of every CI (harness/stats.py). 4 detect a 10% speedup of tokens/s with
+# 75-79% power at 3% run-to-run noise and a 20% one with 90% at 5% (README, Statistics;
+# tests/test_calibration.py); 8 would give 89% at 10%/5% but not fit the main job's 10 minutes.
+DEFAULT_REPEATS = 4
 
 EPILOG = """\
 subcommands:
