@@ -194,7 +194,7 @@ def evaluate(head: Eagle3Head, val: list[dict[str, Any]], vocab: torch.Tensor) -
 def train(
     target_model: Any, data: list[dict[str, Any]], vocab: torch.Tensor, seed: int, budget_s: float
 ) -> tuple[Eagle3Head, dict[str, Any]]:
-    from harness.models_train import _lr, _split
+    from harness.models_train import _lr, _split, optimizer_step
 
     torch.manual_seed(seed)
     cfg = head_config(target_model.config.to_dict(), len(vocab))
@@ -225,10 +225,7 @@ def train(
             ):
                 if len(lab):
                     loss = loss + w * nn.functional.cross_entropy(logits, lab)
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
+            optimizer_step(opt, loss, params)
             step += 1
             if step >= steps:
                 break

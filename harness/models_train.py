@@ -38,6 +38,16 @@ TTT_STEPS = 3
 THREADS = 2
 
 
+def optimizer_step(opt: Any, loss: Any, params: Any) -> None:
+    """One clipped step (gradient norm 1.0): the draft's and the EAGLE-3 head's training."""
+    from torch.nn.utils import clip_grad_norm_
+
+    opt.zero_grad()
+    loss.backward()
+    clip_grad_norm_(params, 1.0)
+    opt.step()
+
+
 def _torch() -> Any:
     import torch
 
@@ -329,10 +339,7 @@ def train_draft(
                 steps = est_steps
             for g in opt.param_groups:
                 g["lr"] = _lr(step, est_steps or 10**4, 2e-4)
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
+            optimizer_step(opt, loss, params)
             step += 1
             if step >= steps:
                 break

@@ -17,6 +17,7 @@ from harness.design import INTERLEAVED  # noqa: E402
 from harness.plan import RunPlan  # noqa: E402
 from harness.sanity import lossless  # noqa: E402
 from harness.session import Session  # noqa: E402
+from tests.test_design import _plan as design_plan  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -27,29 +28,12 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
 
 
 def _plan(**kw: Any) -> RunPlan:
-    args: dict[str, Any] = dict(
-        engines=("vllm",),
-        model="m",
-        draft_model=None,
-        tokenizer=None,
-        spec_methods=(),
-        num_spec_tokens=(4,),
-        spec_config=None,
-        baseline=True,
-        modes=("latency", "throughput"),
-        concurrency=(3,),
-        request_rates=(),
-        burstiness=1.0,
-        max_new_tokens=(12,),
-        repeats=2,
-        warmup=1,
-        target_ci=None,
-        max_repeats=2,
-        seed=1,
-        workload="w",
-    )
-    args.update(kw)
-    return RunPlan(**args)
+    """tests/test_design.py's plan, sized for real in-process vLLM engines."""
+    sized = dict(
+        engines=("vllm",), concurrency=(3,), max_new_tokens=(12,), repeats=2, warmup=1,
+        max_repeats=2, seed=1,
+    )  # fmt: skip
+    return design_plan(**{**sized, **kw})
 
 
 @pytest.fixture(scope="module")
