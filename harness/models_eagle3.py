@@ -194,7 +194,7 @@ def evaluate(head: Eagle3Head, val: list[dict[str, Any]], vocab: torch.Tensor) -
 def train(
     target_model: Any, data: list[dict[str, Any]], vocab: torch.Tensor, seed: int, budget_s: float
 ) -> tuple[Eagle3Head, dict[str, Any]]:
-    from harness.models_train import _lr, _split, optimizer_step
+    from harness.models_optim import lr_at, optimizer_step, split
 
     torch.manual_seed(seed)
     cfg = head_config(target_model.config.to_dict(), len(vocab))
@@ -206,7 +206,7 @@ def train(
             getattr(head, name).weight.copy_(getattr(last.mlp, name).weight)
         head.post_attention_layernorm.weight.copy_(last.post_attention_layernorm.weight)
         head.norm.weight.copy_(target_model.model.norm.weight)
-    train_set, val = _split(data, seed)
+    train_set, val = split(data, seed)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
     rng = random.Random(seed)
@@ -218,7 +218,7 @@ def train(
             if step == 20 and est is None:
                 est = steps = int(budget_s / ((time.perf_counter() - t0) / 20))
             for g in opt.param_groups:
-                g["lr"] = _lr(step, est or 10**4, 1e-3)
+                g["lr"] = lr_at(step, est or 10**4, 1e-3)
             loss = torch.zeros(())
             for w, (logits, lab, _) in zip(
                 STEP_WEIGHTS, _unroll(head, train_set[i], vocab, TTT_STEPS)

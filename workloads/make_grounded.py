@@ -151,7 +151,7 @@ def grounded(code: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def default(code: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The default run's chat prompts (one user turn, rendered by the model's chat template in
     every engine): DEFAULT_IDS, all among the prompts the shipped speculators never trained on
-    (the first HELD_OUT of each category, see ``harness.models_train.held_out``)."""
+    (the first HELD_OUT of each category, see ``harness.models_data.held_out``)."""
     qs = {str(q["question_id"]): q for q in specbench()}
     edits = {r["id"]: r for r in code}
     out = []
