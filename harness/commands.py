@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.cli import UsageError, _Parser
+from harness.options import Parser, UsageError
 from harness.results import SCHEMA_VERSION
 
 
@@ -100,7 +100,7 @@ def _argv_temperature(data: dict[str, Any]) -> float | None:
 def report(argv: Sequence[str]) -> int:
     from harness.markdown import render
 
-    p = _Parser(prog="python -m harness report")
+    p = Parser(prog="python -m harness report")
     p.add_argument("results", help="results.json (or the directory holding it)")
     p.add_argument("--output", default=None, help="also write the markdown to this file")
     args = p.parse_args(argv)
@@ -117,7 +117,7 @@ def compare(argv: Sequence[str]) -> int:
     from harness.markdown import render
     from harness.results import Run
 
-    p = _Parser(prog="python -m harness compare")
+    p = Parser(prog="python -m harness compare")
     p.add_argument("results", nargs="+", help="two or more results.json files")
     p.add_argument("--force", action="store_true", help="compare even across different prompt sets")
     p.add_argument("--min-effect", type=float, default=0.02)

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from engines.base import EngineConfig, EngineError
-from harness.cli import UsageError, build_parser, positive_int
 from harness.design import INTERLEAVED, Slot
+from harness.flags import build_parser
 from harness.load import Concurrent
+from harness.options import UsageError, positive_int
 from harness.plan import PlanError, Point, RunPlan
 from harness.results import Run
 from harness.schedule import Pick, build_config, describe, fixed_config
@@ -90,7 +91,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str]) -> int:
-    from harness.app import build_plan, engine_methods, output_dir, resolve_models
+    from harness.plan_flags import build_plan, resolve_models
+    from harness.preflight import engine_methods, output_dir
     from workloads import WorkloadError, load_workload
 
     args = parser().parse_args(list(argv))
@@ -273,7 +275,7 @@ def best_fixed_k(results: Sequence[LoadResult], method: str) -> int:
 
 
 async def _run(args, plan: RunPlan, workload, out: Path, methods, settings: Settings) -> int:
-    from harness.app import finalize
+    from harness.finalize import finalize
 
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()

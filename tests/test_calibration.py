@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from harness.analysis import compare_groups
-from harness.cli import DEFAULT_REPEATS
+from harness.flags import DEFAULT_REPEATS
 from harness.records import RequestRecord
 from harness.results import Cell, Run
 from harness.stats import MIN_REPEATS, log_ratio_ci, verdicts

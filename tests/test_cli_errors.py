@@ -276,8 +276,9 @@ def test_help_documents_every_flag():
 
 
 def test_vllm_bench_names_mean_the_same():
-    from harness.app import resolve_dataset
-    from harness.cli import _goodput, build_parser
+    from harness.flags import build_parser
+    from harness.options import goodput as _goodput
+    from harness.plan_flags import resolve_dataset
 
     args = build_parser().parse_args(
         [

@@ -158,8 +158,8 @@ def test_argv_and_validation(embedded_pair: tuple[str, str]) -> None:
 
 
 def test_cli_gives_managed_servers_their_options(tmp_path) -> None:
-    from harness.app import build_plan
-    from harness.cli import build_parser
+    from harness.flags import build_parser
+    from harness.plan_flags import build_plan
 
     args = build_parser().parse_args(
         ["--engine", "vllm-server,transformers-server-cb", "--server-start-timeout", "77"]

@@ -178,8 +178,9 @@ def test_spec_alone_plans_eagle3_for_every_engine_and_hf_says_unsupported() -> N
     """The plan keeps eagle3 for an engine without EAGLE (HF) so its cells say so."""
     import asyncio
 
-    from harness.app import build_plan, engine_methods
-    from harness.cli import build_parser
+    from harness.flags import build_parser
+    from harness.plan_flags import build_plan
+    from harness.preflight import engine_methods
     from harness.session import Session, unsupported_method
     from workloads import load_workload
 

@@ -10,6 +10,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("harness", "engines", "workloads")
 MAX_LINES = 400
+# Over the limit today, being split by issue 14's engine side; each entry must go, none be added.
+PENDING_SPLIT = {"engines.hf", "engines.openai", "engines.vllm"}
 
 
 def _modules() -> dict[str, Path]:
@@ -109,4 +111,7 @@ def test_no_module_over_400_lines() -> None:
         for m, p in modules.items()
         if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
-    assert not long, f"modules over {MAX_LINES} lines: {long}"
+    new = {m: n for m, n in long.items() if m not in PENDING_SPLIT}
+    assert not new, f"modules over {MAX_LINES} lines: {new}"
+    done = sorted(PENDING_SPLIT - set(long))
+    assert not done, f"{done} now fit: remove them from PENDING_SPLIT"

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from engines.base import Chunk, EngineConfig, GenParams, Request
-from harness.app import build_plan
-from harness.cli import build_parser
+from harness.flags import build_parser
+from harness.plan_flags import build_plan
 from harness.session import Session
 from tests.clock import FakeClock, ScriptedEngine
 

@@ -1,0 +1,92 @@
+"""The end of a run: every number derived once (``harness.derived``), written to results.json
+(atomically), then summary.csv, summary.md and plots from it alone."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+from harness.journal import atomic_write
+from harness.plan import RunPlan
+from harness.results import SCHEMA_VERSION, Run, environment
+
+
+def _speed_of_light(plan: RunPlan, runs: list[Run]) -> dict[str, Any] | None:
+    """Batch-1 decode bound of a local target (weights read once per token), or None."""
+    from harness.sol import bound_for, count_params, measure_bandwidth
+
+    if not any(r.cell.mode == "latency" for r in runs) or count_params(plan.model) is None:
+        return None
+    dtype = next((str(r.engine_info.get("dtype", "")) for r in runs if r.engine_info), "")
+    bandwidth = measure_bandwidth(mib=256, reps=5)["best"]
+    return bound_for(plan.model, dtype.removeprefix("torch."), bandwidth)
+
+
+def finalize(
+    out: Path,
+    plan: RunPlan,
+    workload,
+    runs: list[Run],
+    status: str,
+    min_effect: float,
+    goodput: dict[str, float] | None,
+    plots: bool = True,
+    temperature: float = 0.0,
+    design: dict[str, Any] | None = None,
+    ignore_eos: bool = False,
+) -> dict[str, Any]:
+    """Derive every number once (:func:`harness.derived.analyze`), write results.json
+    (atomically), then summary.md and plots from it alone."""
+    from harness.derived import analyze, run_summaries
+    from harness.markdown import render
+
+    summaries = run_summaries(runs, goodput, plan.metric_percentiles)
+    results = {
+        "schema_version": SCHEMA_VERSION,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "status": status,
+        "environment": environment(),
+        "config": {
+            **plan.to_json(),
+            "min_effect": min_effect,
+            "goodput": goodput,
+            "temperature": temperature,
+            "ignore_eos": ignore_eos,
+        },
+        "metadata": dict(plan.metadata),
+        "workload": {
+            "name": workload.name,
+            "path": str(workload.path),
+            "format": workload.fmt,
+            "num_requests": len(workload.requests),
+            "fingerprint": workload.fingerprint,
+            "params": None if workload.params is None else dict(workload.params),
+            "categories": {r.id: r.category for r in workload.requests if r.category},
+        },
+        "design": design,  # harness.design: which variant ran when, and the cache policy
+        "runs": [r.to_json(s) for r, s in zip(runs, summaries)],
+    }
+    results |= analyze(
+        runs,
+        min_effect=min_effect,
+        seed=plan.seed,
+        temperature=temperature,
+        goodput=goodput,
+        bound=_speed_of_light(plan, runs),
+        percentiles=plan.metric_percentiles,
+        summaries=summaries,
+        categories=results["workload"]["categories"],
+    )
+    atomic_write(out / "results.json", json.dumps(results, indent=1))
+    from harness.table_csv import to_csv
+
+    atomic_write(out / "summary.csv", to_csv(results))
+    md = render(results)
+    if plots:
+        from harness.plots import draw
+
+        md += draw(results, out)
+    atomic_write(out / "summary.md", md)
+    return results
