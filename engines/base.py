@@ -11,6 +11,7 @@ engines. A chunk left unstamped is stamped by the runner when it receives it.
 from __future__ import annotations
 
 import importlib
+from abc import abstractmethod
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -147,49 +148,92 @@ class EngineConfig:
         return None if self.spec_config is None else str(self.spec_config.get("method"))
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can do beyond streaming one request at a time. The session and the runner
+    read these flags and call the protocol's methods directly: nothing is probed for."""
+
+    # several configurations alive at once (one process, or a server each): lanes interleave
+    coexist: bool = False
+    # concurrent requests are served in fixed batches through ``stream_batch`` (HF generate)
+    static_batching: bool = False
+    # the harness starts the server itself (its log is saved with the results)
+    managed: bool = False
+    # ``sample_load`` reads the server's running/waiting gauges (sampled during runs on request)
+    load_gauges: bool = False
+
+
 @runtime_checkable
 class Engine(Protocol):
-    """What every engine adapter implements.
+    """What every engine adapter implements; adapters subclass it explicitly.
 
-    ``max_batch`` is the most requests the engine can serve at once (None = unbounded, i.e.
-    continuous batching); ``static_batching`` says whether concurrent requests are served in
-    fixed batches through :meth:`stream_batch` instead of :meth:`stream`.
+    The abstract methods are the contract; the others have defaults that say "cannot" (no
+    counters, no prefix cache, unbounded batch), so an adapter overrides only what it has.
+    ``max_batch`` is the most requests the engine serves at once (None = unbounded, i.e.
+    continuous batching).
     """
 
     name: ClassVar[str]
-    spec_methods: ClassVar[tuple[str, ...]]  # the speculative methods this engine can run
+    spec_methods: ClassVar[tuple[str, ...]] = ()  # the speculative methods this engine can run
+    capabilities: ClassVar[Capabilities] = Capabilities()
     config: EngineConfig
 
     @classmethod
+    @abstractmethod
     def validate(cls, config: EngineConfig) -> None:
         """Cheap checks (paths exist, methods known) before anything loads; raise EngineError."""
-        ...
 
+    @abstractmethod
     async def start(self) -> None: ...
 
+    @abstractmethod
     def describe(self) -> Mapping[str, Any]:
         """The effective settings used (defaults the adapter chose included), for the record."""
-        ...
 
+    @abstractmethod
     def stream(
         self, request: Request, params: GenParams, clock: Clock | None = None
     ) -> AsyncIterator[Chunk]:
         """Yield the request's chunks; stamp them with ``clock`` where they are made off-loop."""
-        ...
 
+    @abstractmethod
     async def close(self) -> None: ...
 
-    def spec_counters(self) -> SpecCounters | None: ...
+    # ---- with defaults ------------------------------------------------------------------------
+    def spec_counters(self) -> SpecCounters | None:
+        """Cumulative speculative counters (None: not speculative, or not counted)."""
+        return None
 
-    def max_batch(self) -> int | None: ...
+    def max_batch(self) -> int | None:
+        return None
 
+    async def refresh_metrics(self) -> SpecCounters | None:
+        """Bring :meth:`spec_counters` up to date (HTTP engines scrape the server's /metrics);
+        in-process counters are always current."""
+        return None
 
-class StaticBatchEngine(Engine, Protocol):
-    """An engine serving concurrent requests in fixed batches (HF ``generate``)."""
+    async def sample_load(self) -> Mapping[str, float | None]:
+        """The server's load gauges now (``capabilities.load_gauges``)."""
+        return {}
+
+    async def reset_prefix_cache(self) -> str:
+        """Empty the prefix cache before a measured run; say what was done."""
+        return "no prefix cache"
+
+    def prefix_cache_counters(self) -> dict[str, int] | None:
+        """Cumulative prefix-cache queries and hits (prompt tokens), where counted."""
+        return None
+
+    def step_costs(self) -> dict[str, Any] | None:
+        """One decode step's cost of target and draft (``c``), measured outside runs."""
+        return None
 
     def stream_batch(
         self, requests: Sequence[Request], params: GenParams, clock: Clock | None = None
-    ) -> AsyncIterator[tuple[int, Chunk]]: ...
+    ) -> AsyncIterator[tuple[int, Chunk]]:
+        """Serve ``requests`` as one fixed batch (``capabilities.static_batching``): yield
+        ``(index, chunk)``."""
+        raise UnsupportedError(f"{self.name}: no static batching")
 
 
 # name -> "module:Class"; modules are imported only when the engine is used, so an HTTP run
@@ -206,7 +250,7 @@ REGISTRY: dict[str, str] = {
 SPEC_METHODS = ("draft_model", "ngram", "eagle", "eagle3", "mtp", "suffix")
 
 
-def engine_class(name: str) -> type:
+def engine_class(name: str) -> type[Engine]:
     """Import and return the engine class registered under ``name``."""
     try:
         target = REGISTRY[name]
@@ -215,7 +259,8 @@ def engine_class(name: str) -> type:
             f"unknown engine {name!r}; choose from: {', '.join(sorted(REGISTRY))}"
         ) from None
     module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)
+    found: type[Engine] = getattr(importlib.import_module(module), cls)
+    return found
 
 
 def create_engine(config: EngineConfig) -> Engine:

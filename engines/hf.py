@@ -22,8 +22,10 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from engines.base import (
+    Capabilities,
     Chunk,
     Clock,
+    Engine,
     EngineConfig,
     EngineError,
     GenParams,
@@ -98,14 +100,13 @@ def _streamer_class() -> type:
     return type("QueueStreamer", (_QueueStreamer, BaseStreamer), {})
 
 
-class HFEngine:
+class HFEngine(Engine):
     """HF transformers ``generate``; static batches for the baseline, batch 1 when speculative."""
 
     name: ClassVar[str] = "hf"
     spec_methods: ClassVar[tuple[str, ...]] = SPEC_METHODS
-    static_batching: ClassVar[bool] = True
-
-    coexist: ClassVar[bool] = True  # several configurations fit one process: runs interleave
+    # several configurations fit one process (runs interleave); baseline batches are static
+    capabilities: ClassVar[Capabilities] = Capabilities(coexist=True, static_batching=True)
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config

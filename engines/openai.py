@@ -28,8 +28,10 @@ import aiohttp
 from engines import prom
 from engines.base import (
     SPEC_METHODS,
+    Capabilities,
     Chunk,
     Clock,
+    Engine,
     EngineConfig,
     EngineError,
     GenParams,
@@ -90,13 +92,13 @@ def _one_line(text: str, limit: int = 200) -> str:
     return " ".join(text.split())[:limit]
 
 
-class OpenAIEngine:
+class OpenAIEngine(Engine):
     """Streams from one or more replicas of an OpenAI-compatible server."""
 
     name: ClassVar[str] = "openai"
     spec_methods: ClassVar[tuple[str, ...]] = SPEC_METHODS  # whatever the server runs
-
-    coexist: ClassVar[bool] = True  # only an HTTP session: configurations can interleave
+    # only an HTTP session: configurations interleave; /metrics has the load gauges
+    capabilities: ClassVar[Capabilities] = Capabilities(coexist=True, load_gauges=True)
 
     def __init__(self, config: EngineConfig) -> None:
         self.validate(config)

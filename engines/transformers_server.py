@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar
 
-from engines.base import EngineConfig, EngineError
+from engines.base import Capabilities, EngineConfig, EngineError
 from engines.vllm_server import VLLMServerEngine, to_flags
 
 RESERVED = ("host", "port", "force_model", "model")
@@ -35,6 +35,8 @@ class TransformersServerEngine(VLLMServerEngine):
     name: ClassVar[str] = "transformers-server"
     spec_methods: ClassVar[tuple[str, ...]] = ()
     continuous_batching: ClassVar[bool] = False
+    # no /metrics: no load gauges (nor speculative counters)
+    capabilities: ClassVar[Capabilities] = Capabilities(coexist=True, managed=True)
 
     @classmethod
     def validate(cls, config: EngineConfig) -> None:

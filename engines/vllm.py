@@ -33,8 +33,10 @@ from typing import Any, ClassVar
 
 from engines.base import (
     SPEC_METHODS,
+    Capabilities,
     Chunk,
     Clock,
+    Engine,
     EngineConfig,
     EngineError,
     GenParams,
@@ -60,14 +62,14 @@ _ALIVE: set[int] = set()  # ids of this process's engines that hold vLLM's proce
 Step = tuple[Sequence[Any], "float | None"]  # one step's RequestOutputs and its stamp
 
 
-class VLLMEngine:
+class VLLMEngine(Engine):
     """vLLM ``LLM`` in this process, driven request by request (see module docstring)."""
 
     name: ClassVar[str] = "vllm"
     spec_methods: ClassVar[tuple[str, ...]] = SPEC_METHODS
     # several engines live in one process (each its own stepping thread, idle while another
     # lane runs): its counters come from its own stats tap, and shutdown spares the others
-    coexist: ClassVar[bool] = True
+    capabilities: ClassVar[Capabilities] = Capabilities(coexist=True)
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config

@@ -26,8 +26,10 @@ import aiohttp
 
 from engines.base import (
     SPEC_METHODS,
+    Capabilities,
     Chunk,
     Clock,
+    Engine,
     EngineConfig,
     EngineError,
     GenParams,
@@ -123,13 +125,16 @@ def _die_with_parent() -> None:
         pass
 
 
-class VLLMServerEngine:
+class VLLMServerEngine(Engine):
     """Starts ``vllm serve`` for ``config.model`` and streams from it over HTTP."""
 
     name: ClassVar[str] = "vllm-server"
     spec_methods: ClassVar[tuple[str, ...]] = SPEC_METHODS
-    managed: ClassVar[bool] = True  # the harness starts the server (its log goes with results)
-    coexist: ClassVar[bool] = True  # one server per variant, each on its own port, all alive
+    # the harness starts the server (its log goes with the results); one server per variant,
+    # each on its own port, all alive at once; load gauges from its /metrics
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        coexist=True, managed=True, load_gauges=True
+    )
 
     def __init__(self, config: EngineConfig) -> None:
         self.validate(config)

@@ -70,7 +70,7 @@ async def _execute(args, plan, configs, workload, out: Path, goodput) -> int:
             label,
             replace(c, options={**c.options, "log_path": str(out / f"{c.engine}-{label}.log")}),
         )
-        if getattr(engine_class(c.engine), "managed", False)
+        if engine_class(c.engine).capabilities.managed
         else (label, c)
         for label, c in configs
     ]

@@ -92,7 +92,7 @@ def build_plan(
             openai[key] = value
     options: dict[str, dict[str, Any]] = {"openai": openai}
     for e in engines:  # servers the harness starts itself
-        if getattr(engine_class(e), "managed", False):
+        if engine_class(e).capabilities.managed:
             options[e] = {**http, "start_timeout": args.server_start_timeout}
     return RunPlan(
         engines=engines,

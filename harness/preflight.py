@@ -92,7 +92,7 @@ def variant_servers(configs: list[tuple[str, EngineConfig]]) -> list[tuple[str, 
 
 
 def engine_methods(plan: RunPlan) -> dict[str, tuple[str, ...]]:
-    return {e: tuple(getattr(engine_class(e), "spec_methods", ())) for e in plan.engines}
+    return {e: engine_class(e).spec_methods for e in plan.engines}
 
 
 def validate_configs(plan: RunPlan, configs: list[tuple[str, EngineConfig]]) -> None:

@@ -110,7 +110,7 @@ class Runner:
         limit = self.engine.max_batch()
         if cap != 1 and limit == 1:
             raise UnsupportedError("unsupported (batch size 1 only)")
-        if cap != 1 and hasattr(self.engine, "stream_batch"):
+        if cap != 1 and self.engine.capabilities.static_batching:
             if strategy.offsets(2)[-1] != 0.0 or cap is None:
                 raise UnsupportedError("unsupported (static batching needs --concurrency N)")
             return await self._run_static(requests, params, cap, warmup, duration)
@@ -195,7 +195,7 @@ class Runner:
             timings = [_Timing(r, t_send, warmup) for r in batch]
             error = None
             try:
-                chunks = self.engine.stream_batch(batch, params, self.clock)  # type: ignore[attr-defined]
+                chunks = self.engine.stream_batch(batch, params, self.clock)
                 async for index, chunk in chunks:
                     timings[index].add(chunk, self.clock() if chunk.t is None else chunk.t)
             except Exception as exc:

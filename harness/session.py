@@ -11,7 +11,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engines.base import Engine, EngineConfig, EngineError, GenParams, Request, UnsupportedError
+from engines.base import (
+    Engine,
+    EngineConfig,
+    EngineError,
+    GenParams,
+    Request,
+    SpecCounters,
+    UnsupportedError,
+)
 from harness.analysis import precise_enough
 from harness.design import (
     INTERLEAVED,
@@ -34,7 +42,7 @@ def unsupported_method(config: EngineConfig) -> str | None:
     from engines.base import engine_class
 
     method = config.spec_method
-    if method is None or method in getattr(engine_class(config.engine), "spec_methods", ()):
+    if method is None or method in engine_class(config.engine).spec_methods:
         return None
     return f"unsupported ({config.engine} has no {method})"
 
@@ -69,7 +77,7 @@ class Lane:
     def coexist(self) -> bool:
         from engines.base import engine_class
 
-        return bool(getattr(engine_class(self.config.engine), "coexist", False))
+        return engine_class(self.config.engine).capabilities.coexist
 
 
 @dataclass
@@ -170,10 +178,11 @@ class Session:
             return
         lane.engine = engine
         lane.info = dict(engine.describe())
-        costs = getattr(engine, "step_costs", None)
-        if costs is not None and config.spec_config is not None:
+        if config.spec_config is not None:
             with contextlib.suppress(Exception):
-                lane.info["step_costs"] = await asyncio.to_thread(costs)
+                costs = await asyncio.to_thread(engine.step_costs)
+                if costs is not None:
+                    lane.info["step_costs"] = costs
 
     async def _repeat_point(self, lanes: list[Lane], p: Point, index: int) -> None:
         """Repeats of one point, every lane once per repeat in the design's rotated order:
@@ -215,11 +224,8 @@ class Session:
         """Apply the prefix-cache policy before a measured run; say what was done."""
         if self.plan.prefix_cache != "reset":
             return self.plan.prefix_cache
-        reset = getattr(engine, "reset_prefix_cache", None)
-        if reset is None:
-            return "no prefix cache"
         try:
-            return str(await reset())
+            return str(await engine.reset_prefix_cache())
         except Exception as exc:  # noqa: BLE001 - recorded with the run; the run still counts
             return f"reset failed: {error_line(exc)}"
 
@@ -319,17 +325,14 @@ class Session:
             print(f"[harness] {msg}", file=sys.stderr, flush=True)
 
 
-async def _counters(engine: Engine) -> Any:
-    refresh = getattr(engine, "refresh_metrics", None)
-    if refresh is not None:
-        await refresh()
+async def _counters(engine: Engine) -> SpecCounters | None:
+    await engine.refresh_metrics()
     return engine.spec_counters()
 
 
 def _cache_counters(engine: Engine) -> dict[str, int] | None:
     """The engine's cumulative prefix-cache queries/hits (tokens), where it counts them."""
-    counters = getattr(engine, "prefix_cache_counters", None)
-    return None if counters is None else counters()
+    return engine.prefix_cache_counters()
 
 
 class _LoadSampler:
@@ -338,7 +341,7 @@ class _LoadSampler:
     text) while it is being measured. Counters are read at the run's start and end anyway."""
 
     def __init__(self, engine: Engine, every: float | None = None):
-        self.sample = getattr(engine, "sample_load", None)
+        self.sample = engine.sample_load if engine.capabilities.load_gauges else None
         self.every = every
         self.samples: list[dict[str, float]] = []
         self._task: asyncio.Task[None] | None = None

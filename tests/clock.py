@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, ClassVar
 
-from engines.base import Chunk, EngineConfig, GenParams, Request, SpecCounters
+from engines.base import Chunk, Engine, EngineConfig, GenParams, Request, SpecCounters
 
 
 class FakeClock:
@@ -25,7 +25,7 @@ class FakeClock:
         await asyncio.sleep(0)
 
 
-class ScriptedEngine:
+class ScriptedEngine(Engine):
     """Yields chunks after scripted virtual delays: ``script[id] = [(delay_s, n_tokens), ...]``.
 
     With ``concurrent=True`` virtual time is shared: each chunk waits on a real event loop turn,

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import pytest
 
 from engines import base as engines_base
-from engines.base import Chunk, EngineConfig, GenParams, Request
+from engines.base import Capabilities, Chunk, EngineConfig, GenParams, Request
 from harness.analysis import comparisons
 from harness.design import INTERLEAVED, SEQUENTIAL, lane_order, warmup_requests
 from harness.plan import RunPlan
@@ -24,7 +24,7 @@ PROMPTS = [Request(f"p{i}", f"prompt number {i} with some words") for i in range
 class DriftingEngine(ScriptedEngine):
     """A scripted engine on a machine that slows down as (virtual) time passes."""
 
-    coexist: ClassVar[bool] = True
+    capabilities: ClassVar[Capabilities] = Capabilities(coexist=True)
 
     def __init__(self, clock: FakeClock, label: str, log: list[tuple[str, str]]):
         super().__init__(clock, {})
