@@ -161,6 +161,9 @@ class Capabilities:
     managed: bool = False
     # ``sample_load`` reads the server's running/waiting gauges (sampled during runs on request)
     load_gauges: bool = False
+    # requests go to a server over HTTP, so other processes can send them (``--client-workers``,
+    # through ``client_config``)
+    client_workers: bool = False
 
 
 @runtime_checkable
@@ -227,6 +230,11 @@ class Engine(Protocol):
     def step_costs(self) -> dict[str, Any] | None:
         """One decode step's cost of target and draft (``c``), measured outside runs."""
         return None
+
+    def client_config(self) -> EngineConfig:
+        """This started engine as an ``openai`` config for a client in another process
+        (``capabilities.client_workers``): the same servers, model name and request shape."""
+        raise UnsupportedError(f"{self.name}: runs in this process; no client config")
 
     def stream_batch(
         self, requests: Sequence[Request], params: GenParams, clock: Clock | None = None

@@ -98,7 +98,9 @@ class OpenAIEngine(Engine):
     name: ClassVar[str] = "openai"
     spec_methods: ClassVar[tuple[str, ...]] = SPEC_METHODS  # whatever the server runs
     # only an HTTP session: configurations interleave; /metrics has the load gauges
-    capabilities: ClassVar[Capabilities] = Capabilities(coexist=True, load_gauges=True)
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        coexist=True, load_gauges=True, client_workers=True
+    )
 
     def __init__(self, config: EngineConfig) -> None:
         self.validate(config)
@@ -201,6 +203,18 @@ class OpenAIEngine(Engine):
     def _warn(self, msg: str) -> None:
         self.warnings.append(msg)
         log.warning("warning: %s", msg)
+
+    def client_config(self) -> EngineConfig:
+        """This started engine as an ``openai`` config for a client in another process
+        (``--client-workers``): the same servers, model name, request shape and key source."""
+        opts = {k: v for k, v in self.config.options.items() if k in OPTIONS}
+        opts |= {
+            "base_urls": list(self.base_urls),
+            "served_model": self.served_model,
+            "vllm_extras": self.vllm_extras,
+            "extra_body": dict(self.extra_body),
+        }
+        return replace(self.config, engine="openai", tokenizer=self._tokenizer_path, options=opts)
 
     def describe(self) -> Mapping[str, Any]:
         return {

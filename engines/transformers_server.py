@@ -36,7 +36,9 @@ class TransformersServerEngine(VLLMServerEngine):
     spec_methods: ClassVar[tuple[str, ...]] = ()
     continuous_batching: ClassVar[bool] = False
     # no /metrics: no load gauges (nor speculative counters)
-    capabilities: ClassVar[Capabilities] = Capabilities(coexist=True, managed=True)
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        coexist=True, managed=True, client_workers=True
+    )
 
     @classmethod
     def validate(cls, config: EngineConfig) -> None:

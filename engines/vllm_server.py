@@ -131,9 +131,9 @@ class VLLMServerEngine(Engine):
     name: ClassVar[str] = "vllm-server"
     spec_methods: ClassVar[tuple[str, ...]] = SPEC_METHODS
     # the harness starts the server (its log goes with the results); one server per variant,
-    # each on its own port, all alive at once; load gauges from its /metrics
+    # each on its own port, all alive at once; load gauges from its /metrics; HTTP clients
     capabilities: ClassVar[Capabilities] = Capabilities(
-        coexist=True, managed=True, load_gauges=True
+        coexist=True, managed=True, load_gauges=True, client_workers=True
     )
 
     def __init__(self, config: EngineConfig) -> None:
@@ -252,6 +252,12 @@ class VLLMServerEngine(Engine):
             if not _group_alive(pgid):
                 break
             await asyncio.sleep(0.05)
+
+    def client_config(self) -> EngineConfig:
+        """The running server as an ``openai`` config for clients in other processes."""
+        if self.inner is None:
+            raise RuntimeError(f"{self.name}: client_config() before start()")
+        return self.inner.client_config()
 
     def spec_counters(self) -> SpecCounters | None:
         return self.inner.spec_counters() if self.inner else None

@@ -68,6 +68,7 @@ class RunPlan:
     percentile_metrics: tuple[str, ...] = ()  # asked for: a percentile table per point
     metadata: Mapping[str, str] = field(default_factory=dict)  # --metadata KEY=VALUE
     eagle3_model: str | None = None  # the EAGLE-3 head that goes with --model (shipped family)
+    client_workers: int = 1  # HTTP engines: client processes sending (harness.client_workers)
 
     # ---- engine configurations ---------------------------------------------------------------
     def spec_configs(self, engine_methods: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:

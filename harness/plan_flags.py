@@ -64,6 +64,13 @@ def build_plan(
         raise UsageError(
             "--base-url is for --engine openai (vllm-server and transformers-server start their own)"
         )
+    workers = getattr(args, "client_workers", 1)
+    if workers > 1:
+        from harness.client_workers import refusal
+
+        why = refusal(engines, workers)
+        if why:
+            raise UsageError(why)
     if args.base_url:  # vllm bench serve's server root (http://host:8000) means .../v1 here
         args.base_url = [api_root(u) for u in args.base_url]
     per_variant = variant_urls(args.base_url)
@@ -127,6 +134,7 @@ def build_plan(
         prefix_cache=args.prefix_cache,
         aa=args.aa,
         eagle3_model=eagle3,
+        client_workers=workers,
     )
 
 

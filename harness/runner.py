@@ -13,13 +13,29 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from engines.base import Chunk, Clock, Engine, GenParams, Request, UnsupportedError
 from harness.load import LoadStrategy
 from harness.records import RequestRecord
 
 OnRecord = Callable[[RequestRecord], None]
+
+
+class Clients(Protocol):
+    """Client processes that send a run's requests for the runner (``--client-workers``,
+    :mod:`harness.client_workers`): the runner still reads the start instant and hands it over."""
+
+    async def run(
+        self,
+        runner: Runner,
+        requests: Sequence[Request],
+        params: GenParams,
+        strategy: LoadStrategy,
+        *,
+        warmup: bool,
+        duration: float | None,
+    ) -> list[RequestRecord]: ...
 
 
 def error_line(exc: BaseException) -> str:
@@ -94,6 +110,7 @@ class Runner:
     sleep: Callable[[float], Any] = asyncio.sleep
     on_record: OnRecord | None = None
     should_stop: Callable[[], bool] = lambda: False
+    clients: Clients | None = None  # set: other processes send the requests (HTTP engines)
 
     async def run(
         self,
@@ -103,9 +120,11 @@ class Runner:
         *,
         warmup: bool = False,
         duration: float | None = None,
+        t0: float | None = None,
     ) -> list[RequestRecord]:
         """Send every request as ``strategy`` says, none after ``duration`` seconds (those in
-        flight then finish); return the records in send order."""
+        flight then finish); return the records in send order. ``t0``: the schedule's start on
+        this runner's clock (default now; a client worker is handed its parent's)."""
         cap = strategy.max_concurrency
         limit = self.engine.max_batch()
         if cap != 1 and limit == 1:
@@ -114,7 +133,11 @@ class Runner:
             if strategy.offsets(2)[-1] != 0.0 or cap is None:
                 raise UnsupportedError("unsupported (static batching needs --concurrency N)")
             return await self._run_static(requests, params, cap, warmup, duration)
-        return await self._run_streams(requests, params, strategy, warmup, duration)
+        if self.clients is not None:
+            return await self.clients.run(
+                self, requests, params, strategy, warmup=warmup, duration=duration
+            )
+        return await self._run_streams(requests, params, strategy, warmup, duration, t0)
 
     def _emit(self, record: RequestRecord) -> RequestRecord:
         if self.on_record is not None:
@@ -142,10 +165,11 @@ class Runner:
         strategy: LoadStrategy,
         warmup: bool,
         duration: float | None = None,
+        t0: float | None = None,
     ) -> list[RequestRecord]:
         offsets = strategy.offsets(len(requests))
         slots = asyncio.Semaphore(strategy.max_concurrency) if strategy.max_concurrency else None
-        t0 = self.clock()
+        t0 = self.clock() if t0 is None else t0
         tasks: list[asyncio.Task[RequestRecord]] = []
 
         async def go(req: Request, t_send: float) -> RequestRecord:

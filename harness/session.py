@@ -68,6 +68,7 @@ class Lane:
     config: EngineConfig
     engine: Engine | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    clients: Any = None  # harness.client_workers.ClientPool under --client-workers N > 1
 
     def with_share(self, n: int) -> Lane:
         """The lane told that ``n`` engines share the process and device (memory budgets)."""
@@ -148,6 +149,10 @@ class Session:
                 await self._repeat_point([lane for lane in live if p in self._todo(lane)], p, index)
         finally:
             for lane in lanes:
+                if lane.clients is not None:
+                    with contextlib.suppress(Exception):
+                        await lane.clients.close()
+                    lane.clients = None
                 if lane.engine is not None:
                     with contextlib.suppress(Exception):
                         await lane.engine.close()
@@ -167,6 +172,10 @@ class Session:
         self._say(f"starting {config.engine} [{lane.label}]")
         try:
             await engine.start()
+            if self.plan.client_workers > 1:
+                from harness.client_workers import ClientPool
+
+                lane.clients = await ClientPool.start(engine, self.plan.client_workers, self.clock)
         except Exception as exc:
             status = f"failed: engine did not start: {error_line(exc)}"
             self._say(status)
@@ -178,6 +187,8 @@ class Session:
             return
         lane.engine = engine
         lane.info = dict(engine.describe())
+        if lane.clients is not None:
+            lane.info["client_workers"] = lane.clients.describe()
         if config.spec_config is not None:
             with contextlib.suppress(Exception):
                 costs = await asyncio.to_thread(engine.step_costs)
@@ -262,7 +273,11 @@ class Session:
                     )
 
         runner = Runner(
-            engine, clock=self.clock, on_record=on_record, should_stop=lambda: bool(self.stop)
+            engine,
+            clock=self.clock,
+            on_record=on_record,
+            should_stop=lambda: bool(self.stop),
+            clients=lane.clients,
         )
         status, spec_metrics, extra = "ok", None, {}
         try:

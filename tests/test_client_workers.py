@@ -1,0 +1,129 @@
+"""``--client-workers``: requests sent from several client processes, merged as if one client had
+sent them (harness.client_workers). The end-to-end tests run the whole CLI against the scripted
+fake server (tests/fake_server.py, known delays) once with one client and once with two."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import pytest
+
+from harness.cli import main
+from harness.client_workers import ClientPool, split
+from tests.clock import FakeClock
+from tests.fake_server import Behaviour, FakeServer
+from tests.test_faults import ServerThread, run_harness
+
+FIRST_S, ITL_S, TOKENS = 0.04, 0.01, 6
+
+
+@pytest.mark.parametrize("cap", [None, 1, 3, 5, 16])
+@pytest.mark.parametrize("workers", [1, 2, 3, 4])
+def test_split_deals_every_request_once_with_its_offset(cap, workers) -> None:
+    offsets = [0.01 * j for j in range(37)]
+    shares = split(offsets, cap, workers)
+    assert len(shares) == (workers if cap is None else min(workers, cap))
+    dealt = sorted(j for s in shares for j in s.positions)
+    assert dealt == list(range(len(offsets)))  # each request once, none dropped
+    for s in shares:
+        assert list(s.offsets) == [offsets[j] for j in s.positions]  # the same schedule
+        assert list(s.positions) == sorted(s.positions)
+    if cap is not None:  # the cap is split, in total the same; requests follow the slots
+        assert sum(s.cap for s in shares) == cap
+        for s in shares:
+            assert abs(len(s.positions) / len(offsets) - s.cap / cap) <= cap / len(offsets)
+
+
+def test_an_injected_clock_is_refused() -> None:
+    """A fake clock cannot be read by another process: the pool says so before spawning."""
+    import asyncio
+
+    from engines.base import EngineError
+
+    with pytest.raises(EngineError, match="cannot be read by other processes"):
+        asyncio.run(ClientPool.start(object(), 2, FakeClock()))
+
+
+def test_a_worker_that_cannot_start_is_one_line() -> None:
+    """A worker whose engine fails says why through the pool (the lane then did not start)."""
+    import asyncio
+    from dataclasses import replace
+
+    from engines.base import EngineConfig, EngineError
+    from engines.openai import OpenAIEngine
+
+    async def body() -> None:
+        async with FakeServer(Behaviour(tokens=2)) as url:
+            opts = {"base_urls": [url]}
+            engine = OpenAIEngine(EngineConfig(engine="openai", model="fake-model", options=opts))
+            await engine.start()
+            good = engine.client_config()
+            bad = replace(good, options={**good.options, "request_timeout": -1})
+            engine.client_config = lambda: bad  # type: ignore[method-assign]
+            try:
+                with pytest.raises(EngineError, match=r"client worker \d: openai: request_timeout"):
+                    await ClientPool.start(engine, 2, time.perf_counter)
+            finally:
+                await engine.close()
+
+    asyncio.run(body())
+
+
+def test_in_process_engine_refuses_client_workers(tmp_path, capsys) -> None:
+    code = main(["--engine", "vllm", "--client-workers", "2", "--model", "tiny", "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0, err
+    assert "--client-workers 2: engine vllm runs in this process" in err
+
+
+def _run(tmp_path, url, n, workers, *load):
+    code, out = run_harness(
+        tmp_path / f"w{workers}", url, n, *load, "--client-workers", str(workers)
+    )
+    assert code == 0
+    return json.loads((out / "results.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "load", [("--concurrency", "4"), ("--request-rate", "20")], ids=["closed", "poisson"]
+)
+def test_two_workers_match_one(tmp_path, capsys, load) -> None:
+    """The same records, ids and timing statistics (within tolerance) from 2 client processes as
+    from 1, against a server with known delays; the records say which process sent them."""
+    n = 24
+    server = FakeServer(Behaviour(tokens=TOKENS, first_delay=FIRST_S, delay=ITL_S))
+    for w in (1, 2):
+        (tmp_path / f"w{w}").mkdir()
+    with ServerThread(server) as url:
+        one = _run(tmp_path, url, n, 1, *load)
+        two = _run(tmp_path, url, n, 2, *load)
+    assert len(server.requests) == 2 * n
+    assert two["config"]["client_workers"] == 2 and one["config"]["client_workers"] == 1
+    (r1,), (r2,) = one["runs"], two["runs"]
+    assert len(r1["records"]) == len(r2["records"]) == n
+    assert sorted(r["id"] for r in r1["records"]) == sorted(r["id"] for r in r2["records"])
+    assert r2["summary"]["completed"] == n and r2["summary"]["failed"] == 0
+    senders = [r["info"]["client_worker"] for r in r2["records"]]
+    assert sorted(set(senders)) == [0, 1] and senders.count(0) == senders.count(1) == n // 2
+    assert "client_worker" not in r1["records"][0]["info"]
+    info = r2["engine_info"]["client_workers"]
+    assert info["workers"] == 2 and "CLOCK_MONOTONIC" in info["clock"]
+    assert info["max_abs_offset_s"] <= info["max_handshake_rtt_s"]
+    for key, truth in (("ttft_s", FIRST_S), ("tpot_s", ITL_S)):
+        # a token cannot be seen before the server sent it (one clock); the rest is this
+        # shared machine's scheduling, hence the loose upper bound
+        a, b = r1["summary"][key]["median"], r2["summary"][key]["median"]
+        assert truth <= a < truth + 0.2 and truth <= b < truth + 0.2, (key, a, b)
+    sends = []
+    for run in (r1, r2):  # the workers' stamps are on the runner's time line
+        t = {r["id"]: r["send_s"] for r in run["records"]}
+        assert all(0 <= v < 30 for v in t.values()), t
+        sends.append({k: v - min(t.values()) for k, v in t.items()})
+    if load[0] == "--request-rate":  # open loop: each request keeps its seeded Poisson offset
+        gaps = [abs(sends[0][k] - sends[1][k]) for k in sends[0]]
+        assert statistics.median(gaps) < 0.02, gaps
+    else:  # closed loop at 4: the first wave is the same 4 requests (2 + 2 slots)
+        first = [sorted(s, key=s.get)[:4] for s in sends]
+        assert set(first[0]) == set(first[1]), first
