@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         nargs="+",
         default=None,
-        help="throughput mode: requests in flight (list = sweep; default 16; with --request-rate: a cap)",
+        help="throughput mode: requests in flight (list = sweep; default 4; with --request-rate: a cap)",
     )
     m.add_argument(
         "--request-rate",

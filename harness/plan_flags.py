@@ -12,7 +12,8 @@ from harness.options import UsageError, json_arg, kv_args, variant_urls
 from harness.plan import RunPlan, check_engines, parse_methods
 from harness.vllm_flags import api_root
 
-DEFAULT_MAX_NEW_TOKENS = 64
+DEFAULT_MAX_NEW_TOKENS = 48
+DEFAULT_CONCURRENCY = 4  # one load point: 4 in flight (the main job must fit 10 min on 2 cores)
 
 
 def build_plan(
@@ -81,7 +82,7 @@ def build_plan(
         )
     http = {
         "request_timeout": args.request_timeout,
-        "max_concurrency": max(args.concurrency or [16]),
+        "max_concurrency": max(args.concurrency or [DEFAULT_CONCURRENCY]),
     }
     if args.endpoint is not None:
         http["endpoint"] = args.endpoint
@@ -111,7 +112,7 @@ def build_plan(
         spec_config=spec_config,
         baseline=not args.no_baseline,
         modes=modes,
-        concurrency=tuple(args.concurrency or ([] if args.request_rate else [16])),
+        concurrency=tuple(args.concurrency or ([] if args.request_rate else [DEFAULT_CONCURRENCY])),
         request_rates=tuple(args.request_rate or ()),
         burstiness=args.burstiness,
         max_new_tokens=tuple(args.max_new_tokens or [_default_length(args)]),

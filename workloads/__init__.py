@@ -43,8 +43,8 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 SHIPPED: dict[str, tuple[str, str]] = {
     "default": (
         "default.jsonl",
-        "8 chat prompts for the default run: writing, translation, qa, math_reasoning + "
-        "summarization, rag and 2 code edits (input-grounded: where n-gram pays)",
+        "4 chat prompts for the default run: writing, math_reasoning + a summary and a code "
+        "edit (input-grounded: where n-gram pays)",
     ),
     "tiny": (
         "tiny.jsonl",

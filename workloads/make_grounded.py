@@ -6,9 +6,10 @@ Run from the project root: ``python -m workloads.make_grounded``.
   the input) plus 20 code-editing prompts built from functions of the running interpreter's
   standard library (Python Software Foundation License, see ``data/LICENSE-PSF``). The committed
   files were made with CPython 3.11; another version may give slightly different sources.
-- ``default``: 8 chat prompts for the default run on SmolLM2-135M-Instruct: 4 of Spec-Bench's
-  general categories plus input-grounded ones (summarization, rag, 2 code edits), ``DEFAULT_IDS``;
-  short prompts: 8 x 64 tokens per latency repeat (README: budget of the default main job).
+- ``default``: 4 chat prompts for the default run on SmolLM2-135M-Instruct: 2 of Spec-Bench's
+  general categories (writing, math) and 2 input-grounded ones (a summary, a code edit),
+  ``DEFAULT_IDS``: 4 x 48 tokens per latency repeat, so the main job (4 variants, 2 modes,
+  4 repeats) fits 10 minutes on 2 cores (README: budget of the default main job).
 - ``tiny``: 16 short prompts sized for the tiny test pair (a code model): 8 code completions
   (the head of a stdlib function: signature, docstring, first lines; the model continues it),
   4 of the code edits (one of each kind) and the first Spec-Bench prompt under 1000 characters
@@ -74,17 +75,13 @@ DEFAULT_CATEGORIES = (
 )
 MAX_DEFAULT_CHARS = 1000
 HELD_OUT = 4  # the first 4 prompts of each category are never trained on (default draws here)
-# general Spec-Bench categories, then input-grounded ones (summarization, rag, code edits) where
-# the answer copies from the prompt; short prompts (prefill is paid in every latency repeat)
+# free-form Spec-Bench categories, then input-grounded ones (a summary, a code edit) where the
+# answer copies from the prompt; short prompts (prefill is paid in every latency repeat)
 DEFAULT_IDS = (
-    "81",  # writing
-    "161",  # translation
-    "321",  # qa
+    "81",  # writing (free-form: a model speculator's ground)
     "401",  # math_reasoning
-    "243",  # summarization
-    "481",  # rag
-    "code-02",  # rename a variable
-    "code-03",  # f-strings
+    "243",  # summarization (copies from its input: n-gram's ground)
+    "code-02",  # rename a variable (copies the function back)
 )
 
 
