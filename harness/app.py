@@ -11,16 +11,23 @@ import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from engines.base import EngineError, engine_class
-from harness import options
+from engines.base import EngineConfig, EngineError, engine_class
 from harness.finalize import finalize
 from harness.journal import Journal, runs_from_journal
 from harness.options import UsageError
-from harness.plan import PlanError
-from harness.plan_flags import build_plan, load_dataset, resolve_dataset, resolve_models
+from harness.plan import PlanError, RunPlan
+from harness.plan_flags import (
+    build_plan,
+    load_dataset,
+    model_names,
+    resolve_dataset,
+    resolve_models,
+)
 from harness.preflight import (
     check_models,
+    check_resume,
     check_servers,
     engine_methods,
     output_dir,
@@ -29,39 +36,42 @@ from harness.preflight import (
 )
 from harness.results import Run
 
+if TYPE_CHECKING:
+    from workloads import Workload
+
 GRACE_S = 5.0  # in-flight requests get this long after Ctrl-C before they are cancelled
 
 
 def run_main(args: argparse.Namespace) -> int:
+    """Flags -> one validated, frozen plan (every setting; nothing below reads ``args``) -> run."""
     from workloads import WorkloadError
 
     if args.quiet:  # before any engine imports vLLM: its INFO lines are progress, not results
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
     try:
-        goodput = options.goodput(args.goodput)
         resolve_dataset(args)
         if not args.dataset.synthetic:  # a bad file is reported before anything loads
             workload = load_dataset(args, args.model)
-        from harness.models import companion
-
-        draft = args.draft_model or companion(args.model, "draft")
-        build_plan(args, args.model, draft, companion(args.model, "eagle3"))  # flags first
+        plan = build_plan(args, *model_names(args))  # every flag checked before models load
         out = output_dir(args)
-        model, draft, eagle3 = resolve_models(args)
+        plan = resolve_models(plan)
         if args.dataset.synthetic:  # made with the target's tokenizer
-            workload = load_dataset(args, model)
-        plan = build_plan(args, model, draft, eagle3)
+            workload = load_dataset(args, plan.model)
+        plan = replace(plan, workload_fingerprint=workload.fingerprint)
+        check_resume(plan, out)
         configs = variant_servers(plan.engine_configs(engine_methods(plan)))
         check_models(plan)
         check_servers(plan)
         validate_configs(plan, configs)
     except (UsageError, PlanError, EngineError, WorkloadError) as exc:
         raise UsageError(str(exc)) from None
-    return asyncio.run(_execute(args, plan, configs, workload, out, goodput))
+    return asyncio.run(_execute(plan, configs, workload, out))
 
 
-async def _execute(args, plan, configs, workload, out: Path, goodput) -> int:
+async def _execute(
+    plan: RunPlan, configs: list[tuple[str, EngineConfig]], workload: Workload, out: Path
+) -> int:
     from harness.session import Session
 
     out.mkdir(parents=True, exist_ok=True)
@@ -74,19 +84,21 @@ async def _execute(args, plan, configs, workload, out: Path, goodput) -> int:
         else (label, c)
         for label, c in configs
     ]
-    previous, done = runs_from_journal(out / "journal.jsonl") if args.resume else ([], set())
+    previous, done = runs_from_journal(out / "journal.jsonl") if plan.resume else ([], set())
     journal = Journal(out / "journal.jsonl")
+    if not plan.resume:  # what --resume compares with (harness.preflight.check_resume)
+        journal.write("config", {"config": plan.to_json()})
     session = Session(
         plan,
         workload.requests,
         journal=journal,
         done=done,
-        progress=not args.quiet,
-        max_error_rate=args.max_error_rate,
-        interleave=not args.sequential,
-        temperature=args.temperature,
-        ignore_eos=args.ignore_eos,
-        sample_load_s=args.sample_server_load,
+        progress=plan.progress,
+        max_error_rate=plan.max_error_rate,
+        interleave=plan.interleave,
+        temperature=plan.temperature,
+        ignore_eos=plan.ignore_eos,
+        sample_load_s=plan.sample_load_s,
     )
     session.runs.extend(r for r in previous if r.cell.key in done)
     loop = asyncio.get_running_loop()
@@ -133,23 +145,11 @@ async def _execute(args, plan, configs, workload, out: Path, goodput) -> int:
     elif session.stop:
         status = f"stopped: {session.stop.reason}"
     design = session.design_record([f"{c.engine}/{label}" for label, c in configs])
-    results = finalize(
-        out,
-        plan,
-        workload,
-        runs,
-        status,
-        args.min_effect,
-        goodput,
-        plots=not args.no_plots,
-        temperature=args.temperature,
-        design=design,
-        ignore_eos=args.ignore_eos,
-    )
-    if args.save_vllm_json:
+    results = finalize(out, plan, workload, runs, status, design=design)
+    if plan.save_vllm_json:
         from harness.vllm_json import export_dir
 
-        written = export_dir(results, out / "vllm", args.result_filename)
+        written = export_dir(results, out / "vllm", plan.result_filename)
         print(f"[harness] vllm bench result files: {written}", file=sys.stderr)
     summary = (out / "summary.md").read_text()
     if not interrupted:

@@ -27,34 +27,24 @@ def _speed_of_light(plan: RunPlan, runs: list[Run]) -> dict[str, Any] | None:
 def finalize(
     out: Path,
     plan: RunPlan,
-    workload,
+    workload: Any,
     runs: list[Run],
     status: str,
-    min_effect: float,
-    goodput: dict[str, float] | None,
-    plots: bool = True,
-    temperature: float = 0.0,
     design: dict[str, Any] | None = None,
-    ignore_eos: bool = False,
 ) -> dict[str, Any]:
     """Derive every number once (:func:`harness.derived.analyze`), write results.json
     (atomically), then summary.md and plots from it alone."""
     from harness.derived import analyze, run_summaries
     from harness.markdown import render
 
+    goodput = None if plan.goodput is None else dict(plan.goodput)
     summaries = run_summaries(runs, goodput, plan.metric_percentiles)
     results = {
         "schema_version": SCHEMA_VERSION,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "status": status,
         "environment": environment(),
-        "config": {
-            **plan.to_json(),
-            "min_effect": min_effect,
-            "goodput": goodput,
-            "temperature": temperature,
-            "ignore_eos": ignore_eos,
-        },
+        "config": plan.to_json(),  # every setting of the run
         "metadata": dict(plan.metadata),
         "workload": {
             "name": workload.name,
@@ -70,9 +60,9 @@ def finalize(
     }
     results |= analyze(
         runs,
-        min_effect=min_effect,
+        min_effect=plan.min_effect,
         seed=plan.seed,
-        temperature=temperature,
+        temperature=plan.temperature,
         goodput=goodput,
         bound=_speed_of_light(plan, runs),
         percentiles=plan.metric_percentiles,
@@ -84,7 +74,7 @@ def finalize(
 
     atomic_write(out / "summary.csv", to_csv(results))
     md = render(results)
-    if plots:
+    if plan.plots:
         from harness.plots import draw
 
         md += draw(results, out)

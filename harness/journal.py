@@ -32,7 +32,8 @@ def atomic_write(path: Path, text: str) -> None:
 
 
 class Journal:
-    """Append-only JSONL: a run's header, each record as it finishes, and the run's end."""
+    """Append-only JSONL: the config it was started with, then per run its header, each record
+    as it finishes, and its end."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -57,6 +58,11 @@ def read_journal(path: Path) -> Iterator[dict[str, Any]]:
                 yield json.loads(line)
             except json.JSONDecodeError:
                 continue
+
+
+def recorded_config(path: Path) -> dict[str, Any] | None:
+    """The config the journal's run was started with (its first "config" entry), else None."""
+    return next((e["config"] for e in read_journal(path) if e.get("kind") == "config"), None)
 
 
 def runs_from_journal(path: Path) -> tuple[list[Run], set[str]]:

@@ -70,6 +70,24 @@ class RunPlan:
     metadata: Mapping[str, str] = field(default_factory=dict)  # --metadata KEY=VALUE
     eagle3_model: str | None = None  # the EAGLE-3 head that goes with --model (shipped family)
     client_workers: int = 1  # HTTP engines: client processes sending (harness.client_workers)
+    # ---- requests and sampling
+    temperature: float = 0.0
+    ignore_eos: bool = False
+    num_prompts: int | None = None  # None: the whole workload
+    workload_fingerprint: str | None = None  # the prompt set itself (set once it is loaded)
+    turn: int = 0  # which turn of multi-turn files
+    # ---- how the session runs
+    interleave: bool = True  # rotated interleaving (harness.design); False: --sequential
+    sample_load_s: float | None = None  # sample server gauges this often during runs
+    max_error_rate: float | None = None  # stop the run once this share of requests failed
+    # ---- analysis and output (never change a measurement)
+    min_effect: float = 0.02
+    goodput: Mapping[str, float] | None = None  # SLOs in ms: ttft, tpot, e2e
+    plots: bool = True
+    progress: bool = True
+    save_vllm_json: bool = False
+    result_filename: str | None = None
+    resume: bool = False
 
     # ---- engine configurations ---------------------------------------------------------------
     def spec_configs(self, engine_methods: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
@@ -183,6 +201,50 @@ class RunPlan:
     def to_json(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
+
+
+# Settings that never change what a run measures: analysis, output, how many repeats (a resumed
+# run may ask for more), when to stop; every other key of RunPlan.to_json() does.
+NOT_MEASURED = frozenset(
+    {
+        "repeats", "target_ci", "max_repeats", "min_effect", "goodput", "max_error_rate",
+        "metric_percentiles", "percentile_metrics", "metadata", "plots", "progress",
+        "save_vllm_json", "result_filename", "resume",
+    }
+)  # fmt: skip
+# Engine options that only decide how long to wait for a server or where its key is.
+NOT_MEASURED_OPTIONS = frozenset({"start_timeout", "api_key_env", "api_key_file", "log_path"})
+
+
+def measured(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a recorded config (``RunPlan.to_json()`` plus the workload's fingerprint)
+    that changes what is measured: two runs agreeing on it may share a journal."""
+    out = {k: v for k, v in config.items() if k not in NOT_MEASURED}
+    out["options"] = {
+        engine: {k: v for k, v in opts.items() if k not in NOT_MEASURED_OPTIONS}
+        for engine, opts in (config.get("options") or {}).items()
+    }
+    return out
+
+
+def config_differences(recorded: Mapping[str, Any], asked: Mapping[str, Any]) -> list[str]:
+    """The measured keys on which two configs differ, sorted (engine options as
+    ``options.ENGINE.KEY``)."""
+    a, b = measured(recorded), measured(asked)
+    keys = [k for k in set(a) | set(b) if k != "options" and a.get(k) != b.get(k)]
+    oa, ob = a["options"], b["options"]
+    for engine in sorted(set(oa) | set(ob)):
+        ea, eb = oa.get(engine, {}), ob.get(engine, {})
+        keys += [f"options.{engine}.{k}" for k in set(ea) | set(eb) if ea.get(k) != eb.get(k)]
+    return sorted(keys)
+
+
+def lookup(config: Mapping[str, Any], key: str) -> Any:
+    """``config[key]``, where ``options.ENGINE.KEY`` reads an engine option."""
+    if key.startswith("options."):
+        _, engine, opt = key.split(".", 2)
+        return (config.get("options") or {}).get(engine, {}).get(opt)
+    return config.get(key)
 
 
 def _label(cfg: Mapping[str, Any], multi_k: bool) -> str:

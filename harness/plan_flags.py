@@ -4,11 +4,12 @@ dataset, the speculative variants and the per-engine options; every check that n
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from engines.base import engine_class
-from harness.options import UsageError, json_arg, kv_args, variant_urls
+from harness.options import UsageError, goodput, json_arg, kv_args, variant_urls
 from harness.plan import RunPlan, check_engines, parse_methods
 from harness.vllm_flags import api_root
 
@@ -136,6 +137,20 @@ def build_plan(
         aa=args.aa,
         eagle3_model=eagle3,
         client_workers=workers,
+        temperature=args.temperature,
+        ignore_eos=args.ignore_eos,
+        num_prompts=args.num_prompts,
+        turn=args.turn,
+        interleave=not args.sequential,
+        sample_load_s=args.sample_server_load,
+        max_error_rate=args.max_error_rate,
+        min_effect=args.min_effect,
+        goodput=goodput(args.goodput),
+        plots=not args.no_plots,
+        progress=not args.quiet,
+        save_vllm_json=args.save_vllm_json,
+        result_filename=args.result_filename,
+        resume=args.resume is not None,
     )
 
 
@@ -228,30 +243,34 @@ def load_dataset(args: argparse.Namespace, model: str) -> Any:
     return synthetic_workload(choice.workload, args.tokenizer or model, n, spec, args.seed)
 
 
-def resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str | None]:
-    """(target, draft, EAGLE-3 head): a shipped family's directories when --model names one
+def model_names(args: argparse.Namespace) -> tuple[str, str | None, str | None]:
+    """(target, draft, EAGLE-3 head) as named: --model, --draft-model or the shipped draft of a
+    shipped --model, and the shipped head (None for other models)."""
+    from harness.models import companion
+
+    draft = args.draft_model or companion(args.model, "draft")
+    return args.model, draft, companion(args.model, "eagle3")
+
+
+def resolve_models(plan: RunPlan) -> RunPlan:
+    """The plan with its models as paths: a shipped family's directories when a name is one
     ("embedded" = SmolLM2, "tiny"), assembled on first use; else the user's ids/paths unchanged."""
     from harness import models
 
-    model, draft = args.model, args.draft_model
+    names = (plan.model, plan.draft_model, plan.eagle3_model)
     try:
-        parsed = models.parse_name(model)
-        if draft is None:
-            draft = models.companion(model, "draft")
-        head = models.companion(model, "eagle3")
-        for name in (model, draft, head):
+        for name in names:
             fam = models.parse_name(name) if name else None
             if fam is not None:
-                models.ensure_family(fam[0], progress=not args.quiet)
-        model = models.resolve_model(model)
-        draft = models.resolve_model(draft) if draft else None
-        head = models.resolve_model(head) if head and parsed else None
+                models.ensure_family(fam[0], progress=plan.progress)
+        model, draft, head = (models.resolve_model(n) if n else None for n in names)
     except (ValueError, models.EmbeddedModelMissing) as exc:
         raise UsageError(str(exc)) from None
     for flag, value in (("--model", model), ("--draft-model", draft)):
         if value and _looks_like_path(value) and not Path(value).exists():
             raise UsageError(f"{flag}: {value}: no such file or directory")
-    return model, draft, head
+    assert model is not None
+    return replace(plan, model=model, draft_model=draft, eagle3_model=head)
 
 
 def _looks_like_path(value: str) -> bool:

@@ -111,6 +111,37 @@ def validate_configs(plan: RunPlan, configs: list[tuple[str, EngineConfig]]) -> 
             engine_class(config.engine).validate(config)
 
 
+def check_resume(plan: RunPlan, out: Path) -> None:
+    """``--resume`` continues a run only with the settings it was recorded with: a journal of
+    another temperature, model, prompt set, ... would merge runs that are not comparable."""
+    from harness.journal import recorded_config
+    from harness.plan import config_differences, lookup
+
+    if not plan.resume:
+        return
+    path = out / "journal.jsonl"
+    recorded = recorded_config(path)
+    if recorded is None:
+        raise UsageError(
+            f"resume: journal {path} records no config (written by an older harness), so it "
+            "cannot be checked; start a new --output-dir"
+        )
+    asked = plan.to_json()
+    keys = config_differences(recorded, asked)
+    if keys:
+        was = ", ".join(f"{k}={_short(lookup(recorded, k))}" for k in keys)
+        now = ", ".join(f"{k}={_short(lookup(asked, k))}" for k in keys)
+        raise UsageError(
+            f"resume: journal {path} was recorded with {was}, this run asks {now}; "
+            "start a new --output-dir or use the same flags"
+        )
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def output_dir(args: argparse.Namespace) -> Path:
     if args.resume:
         d = Path(args.resume)

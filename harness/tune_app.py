@@ -91,7 +91,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str]) -> int:
-    from harness.plan_flags import build_plan, resolve_models
+    from harness.plan_flags import build_plan, model_names, resolve_models
     from harness.preflight import engine_methods, output_dir
     from workloads import WorkloadError, load_workload
 
@@ -108,13 +108,9 @@ def main(argv: Sequence[str]) -> int:
             seed=args.seed, turn=args.turn,
         )  # fmt: skip
         args.spec = args.spec or "all"
-        from harness.models import companion
-
-        draft = args.draft_model or companion(args.model, "draft")
-        build_plan(args, args.model, draft, companion(args.model, "eagle3"))  # flags first
+        plan = build_plan(args, *model_names(args))  # every flag checked before models load
         out = output_dir(args)
-        model, draft, eagle3 = resolve_models(args)
-        plan = build_plan(args, model, draft, eagle3)
+        plan = resolve_models(plan)
         methods = [m for m in plan.spec_methods if m in engine_methods(plan)[engines[0]]]
         if not methods:
             raise UsageError(f"tune: no speculative method applies to {engines[0]}")
@@ -353,9 +349,8 @@ async def _run(args, plan: RunPlan, workload, out: Path, methods, settings: Sett
             sub = replace(plan, concurrency=tuple(loads), modes=("throughput",))
             (out / phase).mkdir(exist_ok=True)
             finalize(
-                out / phase, sub, workload, bench.runs[phase], "complete", args.min_effect, None,
-                plots=False, temperature=args.temperature,
-                design=bench.session.design_record(sorted({r.cell.label for r in bench.runs[phase]})),
+                out / phase, replace(sub, goodput=None, plots=False), workload, bench.runs[phase],
+                "complete", design=bench.session.design_record(sorted({r.cell.label for r in bench.runs[phase]})),
             )  # fmt: skip
     print(md)
     print(f"[harness] tune: {out / 'tune.md'}  config: {out / 'speculative_config.json'}",

@@ -1,0 +1,81 @@
+"""``--resume`` continues a run only with the settings it was recorded with, and results.json
+records every setting (one frozen plan; nothing after the flags reads argparse)."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.plan import config_differences
+
+# hf on the tiny pair, 2 prompts x 8 tokens, one repeat: a few seconds
+RUN = ("--model", "tiny", "--workload", "tiny", "--engine", "hf", "--mode", "latency",
+       "--num-prompts", "2", "--max-new-tokens", "8", "--warmup", "0", "--no-plots", "--quiet")  # fmt: skip
+
+
+def test_differences_name_measured_keys_only() -> None:
+    base = {"model": "/a", "temperature": 0.0, "repeats": 3, "min_effect": 0.02,
+            "options": {"vllm-server": {"start_timeout": 60, "request_timeout": 600}}}  # fmt: skip
+    asked = {**base, "repeats": 5, "min_effect": 0.05,
+             "options": {"vllm-server": {"start_timeout": 900, "request_timeout": 600}}}  # fmt: skip
+    assert config_differences(base, asked) == []  # more repeats, another analysis: same runs
+    asked = {**asked, "model": "/b", "temperature": 1.0}
+    asked["options"] = {"vllm-server": {"start_timeout": 60, "request_timeout": 5}}
+    assert config_differences(base, asked) == [
+        "model",
+        "options.vllm-server.request_timeout",
+        "temperature",
+    ]
+    assert config_differences(base, {**base, "workload_fingerprint": "x"}) == [
+        "workload_fingerprint"
+    ]
+
+
+def test_execute_reads_no_flags() -> None:
+    """Every setting reaches the run through the plan: ``args`` appears only in run_main."""
+    tree = ast.parse((Path(__file__).parents[1] / "harness" / "app.py").read_text())
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name != "run_main":
+            names = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)}
+            assert "args" not in names, fn.name
+
+
+@pytest.mark.slow
+def test_resume_refuses_other_settings_and_continues_with_the_same(
+    tmp_path: Path, tiny_pair, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    assert main([*RUN, "--repeats", "1", "--output-dir", str(out)]) == 0
+    config = json.loads((out / "results.json").read_text())["config"]
+    assert config["temperature"] == 0.0 and config["ignore_eos"] is False
+    assert config["workload_fingerprint"] and config["num_prompts"] == 2
+    capsys.readouterr()
+
+    for flags, key in (
+        (["--temperature", "1.0"], "temperature=0.0"),
+        (["--model", "tiny:draft"], "model="),
+        (["--ignore-eos"], "ignore_eos=false"),
+        (["--max-new-tokens", "9"], "max_new_tokens=[8]"),
+        (["--num-prompts", "3"], "num_prompts=2"),
+    ):
+        args = [*RUN, "--repeats", "1", "--resume", str(out), *flags]
+        if "--model" in flags:
+            args = args[2:]
+        assert main(args) == 2, flags
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and err.startswith("error: resume: journal "), err
+        assert key in err and "start a new --output-dir or use the same flags" in err, err
+
+    # the same flags (more repeats are not another setting): r0 kept, only r1 runs
+    journal = (out / "journal.jsonl").read_text()
+    assert main([*RUN, "--repeats", "2", "--resume", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["status"] == "complete" and res["config"]["resume"] is True
+    assert sorted(r["repeat"] for r in res["runs"]) == [0, 1]
+    added = (out / "journal.jsonl").read_text()[len(journal) :]
+    assert '"repeat": 0' not in added and '"repeat": 1' in added
+    assert '"kind": "config"' not in added  # the recorded config stays the first one
