@@ -29,6 +29,7 @@ BENCHMARKS = {
     "capacity": "bench.capacity",
     "sol": "bench.sol",
     "cost": "bench.cost",
+    "workers": "bench.workers",
 }
 HERE = Path(__file__).resolve().parent
 ENV_PREFIX = "LD_PRELOAD=.venv/lib/libiomp5.so VLLM_ENABLE_V1_MULTIPROCESSING=0 "
