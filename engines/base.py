@@ -243,6 +243,47 @@ class Engine(Protocol):
         ``(index, chunk)``."""
         raise UnsupportedError(f"{self.name}: no static batching")
 
+    # ---- what the run's flags mean to it (defaults: nothing) ----------------------------------
+    # the run-level settings (engines.http_flags.RunFlags) this engine takes into its options
+    run_flags: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def options_from(cls, flags: Mapping[str, Any], speculative: bool) -> dict[str, Any]:
+        """This engine's options from the run-level settings (``speculative``: the run has
+        speculative variants); raise EngineError (one line) for flags it cannot run with."""
+        return {}
+
+    @classmethod
+    def for_variants(
+        cls, configs: Sequence[tuple[str, EngineConfig]]
+    ) -> list[tuple[str, EngineConfig]]:
+        """This engine's (label, config) pairs of the run, as each variant should run them (the
+        ``openai`` client: each variant its own server)."""
+        return list(configs)
+
+    @classmethod
+    def probe(cls, config: EngineConfig) -> None:
+        """Checks that need the outside world (a server that must answer), before the run."""
+
+
+def speculative_config(
+    method: str, k: int, draft: str | None, head: str | None
+) -> dict[str, Any] | None:
+    """What ``--spec METHOD`` with K draft tokens means, in vLLM's ``speculative_config`` schema
+    (every engine's currency); None when the method lacks what it needs (a draft, a head)."""
+    cfg: dict[str, Any] = {"method": method, "num_speculative_tokens": k}
+    if method == "draft_model":
+        if not draft:
+            return None
+        cfg["model"] = draft
+    elif method == "eagle3":
+        if not head:
+            return None
+        cfg["model"] = head
+    elif method == "ngram":
+        cfg.update(DEFAULT_NGRAM)
+    return cfg
+
 
 # name -> "module:Class"; modules are imported only when the engine is used, so an HTTP run
 # never imports torch.
@@ -256,6 +297,7 @@ REGISTRY: dict[str, str] = {
 }
 
 SPEC_METHODS = ("draft_model", "ngram", "eagle", "eagle3", "mtp", "suffix")
+DEFAULT_NGRAM = {"prompt_lookup_max": 3, "prompt_lookup_min": 1}
 
 
 def engine_class(name: str) -> type[Engine]:

@@ -17,7 +17,7 @@ import itertools
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 
 import aiohttp
 
-from engines import prom
+from engines import http_flags, prom
 from engines.base import (
     SPEC_METHODS,
     Capabilities,
@@ -101,6 +101,22 @@ class OpenAIEngine(Engine):
     capabilities: ClassVar[Capabilities] = Capabilities(
         coexist=True, load_gauges=True, client_workers=True
     )
+    # --base-url and the client flags (engines/http_flags.py): a labelled URL per variant
+    run_flags: ClassVar[frozenset[str]] = http_flags.OPENAI_FLAGS
+
+    @classmethod
+    def options_from(cls, flags: Mapping[str, Any], speculative: bool) -> dict[str, Any]:
+        return http_flags.openai_options(flags, speculative, cls.name)
+
+    @classmethod
+    def for_variants(
+        cls, configs: Sequence[tuple[str, EngineConfig]]
+    ) -> list[tuple[str, EngineConfig]]:
+        return http_flags.variant_urls(configs)
+
+    @classmethod
+    def probe(cls, config: EngineConfig) -> None:
+        http_flags.probe_urls(config)
 
     def __init__(self, config: EngineConfig) -> None:
         self.validate(config)

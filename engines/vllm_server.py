@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 import aiohttp
 
+from engines import http_flags
 from engines.base import (
     SPEC_METHODS,
     Capabilities,
@@ -135,6 +136,12 @@ class VLLMServerEngine(Engine):
     capabilities: ClassVar[Capabilities] = Capabilities(
         coexist=True, managed=True, load_gauges=True, client_workers=True
     )
+    # the client flags and --server-start-timeout (engines/http_flags.py)
+    run_flags: ClassVar[frozenset[str]] = http_flags.SERVER_FLAGS
+
+    @classmethod
+    def options_from(cls, flags: Mapping[str, Any], speculative: bool) -> dict[str, Any]:
+        return http_flags.server_options(flags)
 
     def __init__(self, config: EngineConfig) -> None:
         self.validate(config)

@@ -62,7 +62,7 @@ def run_main(args: argparse.Namespace) -> int:
         check_resume(plan, out)
         configs = variant_servers(plan.engine_configs(engine_methods(plan)))
         check_models(plan)
-        check_servers(plan)
+        check_servers(configs)
         validate_configs(plan, configs)
     except (UsageError, PlanError, EngineError, WorkloadError) as exc:
         raise UsageError(str(exc)) from None
@@ -147,10 +147,10 @@ async def _execute(
     design = session.design_record([f"{c.engine}/{label}" for label, c in configs])
     results = finalize(out, plan, workload, runs, status, design=design)
     if plan.save_vllm_json:
-        from harness.vllm_json import export_dir
+        from harness.vllm_json import EXPORT_SUBDIR, export_dir
 
-        written = export_dir(results, out / "vllm", plan.result_filename)
-        print(f"[harness] vllm bench result files: {written}", file=sys.stderr)
+        written = export_dir(results, out / EXPORT_SUBDIR, plan.result_filename)
+        print(f"[harness] vLLM bench result files: {written}", file=sys.stderr)
     summary = (out / "summary.md").read_text()
     if not interrupted:
         print(summary)

@@ -181,7 +181,7 @@ PERCENTILE_KEYS = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_s", "e2el": "
 
 def percentile_columns(config: Mapping[str, Any]) -> tuple[Column, ...]:
     """The table of ``--percentile-metrics`` x ``--metric-percentiles`` (when asked for): one
-    column per metric and percentile, as vllm bench serve prints them (ms)."""
+    column per metric and percentile, as vLLM bench serve prints them (ms)."""
     metrics = config.get("percentile_metrics") or ()
     if not metrics:
         return ()

@@ -89,7 +89,7 @@ class Constant:
 @dataclass(frozen=True)
 class Poisson:
     """Open loop with seeded gamma-distributed gaps: ``burstiness`` 1 is a Poisson process
-    (as ``vllm bench serve --burstiness``); below 1 burstier, above 1 more regular."""
+    (as vLLM bench serve's ``--burstiness``); below 1 burstier, above 1 more regular."""
 
     rate: float
     burstiness: float = 1.0

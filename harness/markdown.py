@@ -20,6 +20,7 @@ from harness.columns import (
     method_tag,
     percentile_columns,
 )
+from harness.results import PACKAGES
 
 FOOTNOTE = (
     "Times are medians over all counted requests of all repeats; out tok/s is the median over "
@@ -76,8 +77,9 @@ def render(results: Mapping[str, Any]) -> str:
     lines.append(
         f"Machine: {env.get('processor', '?')}, {env.get('cpu_count', '?')} CPUs"
         + (f", GPU {env['gpu']}" if env.get("gpu") else "")
-        + f"; torch {env.get('torch') or 'n/a'}, transformers {env.get('transformers') or 'n/a'}, "
-        f"vllm {env.get('vllm') or 'n/a'}. Workload: {wl.get('name', '?')} "
+        + "; "
+        + ", ".join(f"{p} {env.get(p) or 'n/a'}" for p in PACKAGES)
+        + f". Workload: {wl.get('name', '?')} "
         f"({wl.get('num_requests', '?')} prompts)."
     )
     lines += _design_lines(results)

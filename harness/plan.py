@@ -7,13 +7,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engines.base import SPEC_METHODS, EngineConfig, EngineError, Request
+from engines.base import SPEC_METHODS, EngineConfig, EngineError, Request, speculative_config
 from harness.design import AA_LABEL
 from harness.load import Concurrent, LoadStrategy, Poisson, Synchronous
 from harness.results import Cell
 from workloads import Cycled
 
-DEFAULT_NGRAM = {"prompt_lookup_max": 3, "prompt_lookup_min": 1}
 # A closed-loop point sends at least this many times its concurrency (cycling the prompts), so
 # the steady state is measured rather than one wave that drains (2: the second wave runs with the
 # batch already full; more waves cost the main job minutes it does not have on 2 cores).
@@ -103,17 +102,9 @@ class RunPlan:
             if method not in engine_methods and not (method in EAGLE and self.eagle3_model):
                 continue
             for k in self.num_spec_tokens:
-                cfg: dict[str, Any] = {"method": method, "num_speculative_tokens": k}
-                if method == "draft_model":
-                    if not self.draft_model:
-                        continue
-                    cfg["model"] = self.draft_model
-                elif method == "eagle3":
-                    if not self.eagle3_model:
-                        continue
-                    cfg["model"] = self.eagle3_model
-                elif method == "ngram":
-                    cfg.update(DEFAULT_NGRAM)
+                cfg = speculative_config(method, k, self.draft_model, self.eagle3_model)
+                if cfg is None:
+                    continue
                 out.append((_label(cfg, multi_k), cfg))
         return out
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from engines.base import engine_class
+from engines.base import REGISTRY, engine_class
 from harness.options import UsageError, goodput, json_arg, kv_args, variant_urls
 from harness.plan import RunPlan, check_engines, parse_methods
 from harness.vllm_flags import api_root
@@ -60,12 +60,6 @@ def build_plan(
         raise UsageError("--min-effect: expected a fraction in [0, 1), e.g. 0.02")
     if args.max_error_rate is not None and not 0 <= args.max_error_rate <= 1:
         raise UsageError("--max-error-rate: expected a fraction in [0, 1]")
-    if any(e in ("openai",) for e in engines) and not args.base_url:
-        raise UsageError("--engine openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
-    if args.base_url and not any(e == "openai" for e in engines):
-        raise UsageError(
-            "--base-url is for --engine openai (vllm-server and transformers-server start their own)"
-        )
     workers = getattr(args, "client_workers", 1)
     if workers > 1:
         from harness.client_workers import refusal
@@ -73,36 +67,7 @@ def build_plan(
         why = refusal(engines, workers)
         if why:
             raise UsageError(why)
-    if args.base_url:  # vllm bench serve's server root (http://host:8000) means .../v1 here
-        args.base_url = [api_root(u) for u in args.base_url]
-    per_variant = variant_urls(args.base_url)
-    if "openai" in engines and (methods or spec_config) and per_variant is None:
-        raise UsageError(
-            "--engine openai --spec: one server cannot be compared with itself; give one URL per "
-            "variant (--base-url baseline=URL ngram=URL) or let --engine vllm-server start them"
-        )
-    http = {
-        "request_timeout": args.request_timeout,
-        "max_concurrency": max(args.concurrency or [DEFAULT_CONCURRENCY]),
-    }
-    if args.endpoint is not None:
-        http["endpoint"] = args.endpoint
-    openai = {**http, "api_key_env": args.api_key_env}
-    for key, value in (
-        (
-            "base_urls",
-            [u for us in per_variant.values() for u in us] if per_variant else args.base_url,
-        ),
-        ("variant_urls", per_variant),
-        ("api_key_file", args.api_key_file),
-        ("served_model", args.served_model),
-    ):
-        if value is not None:
-            openai[key] = value
-    options: dict[str, dict[str, Any]] = {"openai": openai}
-    for e in engines:  # servers the harness starts itself
-        if engine_class(e).capabilities.managed:
-            options[e] = {**http, "start_timeout": args.server_start_timeout}
+    options = engine_options(args, engines, speculative=bool(methods or spec_config))
     return RunPlan(
         engines=engines,
         model=model,
@@ -154,6 +119,34 @@ def build_plan(
     )
 
 
+def engine_options(
+    args: argparse.Namespace, engines: tuple[str, ...], speculative: bool
+) -> dict[str, dict[str, Any]]:
+    """Each engine's options from the run-level flags it declares (``Engine.run_flags``; what
+    they mean is the engine's: ``Engine.options_from``); --base-url only where one takes it."""
+    # vLLM's bench serve server root (http://host:8000) means .../v1 here
+    urls = [api_root(u) for u in args.base_url] if args.base_url else None
+    flags = {
+        "base_url": urls,
+        "variant_urls": variant_urls(urls),
+        "request_timeout": args.request_timeout,
+        "max_concurrency": max(args.concurrency or [DEFAULT_CONCURRENCY]),
+        "endpoint": args.endpoint,
+        "api_key_env": args.api_key_env,
+        "api_key_file": args.api_key_file,
+        "served_model": args.served_model,
+        "server_start_timeout": args.server_start_timeout,
+    }
+    options = {e: engine_class(e).options_from(flags, speculative) for e in engines}
+    if urls and not any("base_url" in engine_class(e).run_flags for e in engines):
+        takers = [n for n in REGISTRY if "base_url" in engine_class(n).run_flags]
+        own = [n for n in REGISTRY if engine_class(n).capabilities.managed]
+        raise UsageError(
+            f"--base-url is for --engine {' or '.join(takers)} ({', '.join(own)} start their own)"
+        )
+    return {e: o for e, o in options.items() if o}
+
+
 def spec_config_arg(value: str | None) -> dict[str, Any] | None:
     """``--spec-config``: inline JSON, ``@file.json`` or a path (what ``harness tune`` emits)."""
     if value is None or value.lstrip().startswith("{"):
@@ -188,7 +181,7 @@ def _default_length(args: argparse.Namespace) -> int:
 
 
 def resolve_dataset(args: argparse.Namespace) -> None:
-    """--dataset-name/--dataset-path (vllm bench serve's) or --workload, into ``args.dataset``;
+    """--dataset-name/--dataset-path (vLLM bench serve's) or --workload, into ``args.dataset``;
     a synthetic dataset implies --ignore-eos and vLLM's default of 1000 prompts."""
     from harness.vllm_flags import dataset_choice
 

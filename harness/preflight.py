@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,42 +51,25 @@ def check_models(plan: RunPlan) -> None:
         )
 
 
-def check_servers(plan: RunPlan) -> None:
-    """Each --base-url must answer before the run starts (a typo costs seconds, not a run)."""
-    import urllib.error
-    import urllib.request
-
-    for url in (
-        plan.options.get("openai", {}).get("base_urls", []) if "openai" in plan.engines else []
-    ):
-        probe = url.rstrip("/") + "/models"
-        try:
-            with urllib.request.urlopen(probe, timeout=10):
-                pass
-        except urllib.error.HTTPError:
-            pass  # it answers (an auth error is the engine's to report with the key)
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise UsageError(f"--base-url: {url} does not answer ({reason})") from None
+def check_servers(configs: list[tuple[str, EngineConfig]]) -> None:
+    """What each engine checks in the outside world before the run (``Engine.probe``: a
+    server given by URL must answer; a typo costs seconds, not a run)."""
+    seen: set[str] = set()
+    for _, c in configs:
+        key = json.dumps([c.engine, c.options], sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            engine_class(c.engine).probe(c)
 
 
 def variant_servers(configs: list[tuple[str, EngineConfig]]) -> list[tuple[str, EngineConfig]]:
-    """``--base-url baseline=URL ngram=URL``: each openai variant talks to its own server."""
-    out = []
-    for label, c in configs:
-        opts = dict(c.options)
-        urls = opts.pop("variant_urls", None)
-        if c.engine == "openai" and urls is not None:
-            if label not in urls:
-                given = " ".join(f"{k}=URL" for k in urls)
-                raise UsageError(f"--base-url: no URL for variant {label!r} (given: {given})")
-            opts["base_urls"] = urls[label]
-        out.append((label, replace(c, options=opts)))
-    labels = {label for label, c in configs if c.engine == "openai"}
-    for c in (c for _, c in configs if c.engine == "openai"):
-        extra = sorted(set(c.options.get("variant_urls") or ()) - labels)
-        if extra:
-            raise UsageError(f"--base-url: {extra[0]}=URL names no variant of this run")
+    """Each engine's configs as its variants run them (``Engine.for_variants``: with
+    ``--base-url baseline=URL ngram=URL`` each variant talks to its own server)."""
+    out: list[tuple[str, EngineConfig]] = []
+    for engine in dict.fromkeys(c.engine for _, c in configs):
+        out += engine_class(engine).for_variants(
+            [(lb, c) for lb, c in configs if c.engine == engine]
+        )
     return out
 
 

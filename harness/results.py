@@ -17,6 +17,7 @@ from harness.design import Slot
 from harness.records import RequestRecord
 
 SCHEMA_VERSION = 2  # 2: the derived analysis is stored (harness/derived.py)
+PACKAGES = ("torch", "transformers", "vllm")  # versions recorded in ``environment`` and shown
 
 
 @dataclass(frozen=True)

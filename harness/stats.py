@@ -18,7 +18,7 @@ PERCENTILES = (50, 90, 99)
 
 
 def pkey(p: float) -> str:
-    """The key of a percentile as vllm bench serve writes it: p99, p99.9."""
+    """The key of a percentile as vLLM bench serve writes it: p99, p99.9."""
     return f"p{int(p)}" if float(p).is_integer() else f"p{p:g}"
 
 

@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from engines.base import EngineConfig, EngineError
+from engines.base import EngineConfig, EngineError, engine_class
 from harness.design import INTERLEAVED, Slot
 from harness.flags import build_parser
 from harness.load import Concurrent
@@ -117,8 +117,6 @@ def main(argv: Sequence[str]) -> int:
         ks = tuple(sorted(set(args.tune_k)))
         configs = {m: _spec_config(plan, m, max(ks)) for m in methods}
         methods = [m for m in methods if configs[m] is not None]
-        from engines.base import engine_class
-
         for m in methods:
             engine_class(engines[0]).validate(_engine_config(plan, configs[m]))
     except (UsageError, PlanError, EngineError, WorkloadError) as exc:
@@ -172,8 +170,8 @@ class Bench:
             if arm not in self.configs:
                 self.add(arm, _spec_config(self.plan, str(arm.method), arm.k))
             config = _engine_config(self.plan, self.configs[arm])
-            if config.engine == "vllm-server":
-                log = self.out / f"vllm-server-{arm.label}.log"
+            if engine_class(config.engine).capabilities.managed:  # its log beside the results
+                log = self.out / f"{config.engine}-{arm.label}.log"
                 config = replace(config, options={**config.options, "log_path": str(log)})
             lane = Lane(arm.label, config).with_share(self.share)
             before = len(self.session.runs)

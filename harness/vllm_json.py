@@ -287,6 +287,9 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]+", "_", text).strip("_")
 
 
+EXPORT_SUBDIR = "vllm"  # --save-result: OUTPUT_DIR/vllm/<config>/run=R.json
+
+
 def export_dir(results: Mapping[str, Any], out: Path, filename: str | None = None) -> Path:
     """Write every run as vLLM bench JSON under ``out`` (sweep-plot layout); ``filename``: also
     every run, one JSON object a line (``--result-filename``). Returns ``out``."""

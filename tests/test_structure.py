@@ -5,6 +5,7 @@ and no module over 400 lines. Parsed with ast; nothing is imported."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,3 +116,24 @@ def test_no_module_over_400_lines() -> None:
     assert not new, f"modules over {MAX_LINES} lines: {new}"
     done = sorted(PENDING_SPLIT - set(long))
     assert not done, f"{done} now fit: remove them from PENDING_SPLIT"
+
+
+# What an engine means (its flags, options, --spec configs, server logs) lives in engines/,
+# reached through the registry: the plan, the run and the analysis name no engine.
+ENGINE_NAME = re.compile(r"\b(hf|vllm|openai|vllm-server|vllm_server)\b")
+ENGINE_FREE = (
+    "app", "plan", "plan_flags", "preflight", "finalize", "session", "runner", "records", "load",
+    "design", "derived", "stats", "analysis", "pooled", "theory", "crossover", "sanity",
+    "categories", "markdown", "columns", "table_csv", "plots",
+)  # fmt: skip
+
+
+def test_no_engine_name_outside_engines() -> None:
+    """``grep -nwE 'hf|vllm|openai|vllm-server|vllm_server'`` over those modules finds nothing."""
+    found = [
+        f"harness/{name}.py:{i}: {line.strip()}"
+        for name in ENGINE_FREE
+        for i, line in enumerate((ROOT / "harness" / f"{name}.py").read_text().splitlines(), 1)
+        if ENGINE_NAME.search(line)
+    ]
+    assert not found, "engine names outside engines/:\n" + "\n".join(found)

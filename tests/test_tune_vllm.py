@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.plan import DEFAULT_NGRAM
+from engines.base import DEFAULT_NGRAM
 from harness.schedule import Pick, build_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,0 +1,98 @@
+"""What the run-level HTTP flags mean to the engines that talk HTTP: the options of the ``openai``
+client (which needs ``--base-url``, and one server per variant when there are several) and of
+the servers the harness starts itself, the per-variant server of a labelled ``--base-url``, and
+the probe that each URL answers before the run starts.
+
+The harness hands every engine the same neutral mapping (:data:`RunFlags`, built from its flags);
+each engine class takes what it declares in ``run_flags`` (:meth:`engines.base.Engine.options_from`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from engines.base import EngineConfig, EngineError
+
+# The neutral run-level settings (``None`` when a flag was not given):
+#   base_url: [URL, ...] (normalised to .../v1), variant_urls: {label: [URL, ...]} | None,
+#   request_timeout, max_concurrency, endpoint, api_key_env, api_key_file, served_model,
+#   server_start_timeout
+RunFlags = Mapping[str, Any]
+
+CLIENT_FLAGS = frozenset({"request_timeout", "max_concurrency", "endpoint"})
+OPENAI_FLAGS = CLIENT_FLAGS | {"base_url", "api_key_env", "api_key_file", "served_model"}
+SERVER_FLAGS = CLIENT_FLAGS | {"server_start_timeout"}
+
+
+def client_options(flags: RunFlags) -> dict[str, Any]:
+    """What every HTTP client takes: the request timeout, the most in flight, the endpoint."""
+    out = {"request_timeout": flags["request_timeout"], "max_concurrency": flags["max_concurrency"]}
+    if flags.get("endpoint") is not None:
+        out["endpoint"] = flags["endpoint"]
+    return out
+
+
+def server_options(flags: RunFlags) -> dict[str, Any]:
+    """A server the harness starts: the client's options and how long to wait for /health."""
+    return {**client_options(flags), "start_timeout": flags["server_start_timeout"]}
+
+
+def openai_options(flags: RunFlags, speculative: bool, name: str) -> dict[str, Any]:
+    """The ``openai`` client's options; one line (EngineError) when the flags cannot run it."""
+    urls, per_variant = flags.get("base_url"), flags.get("variant_urls")
+    if not urls:
+        raise EngineError(f"--engine {name} needs --base-url (e.g. http://127.0.0.1:8000/v1)")
+    if speculative and per_variant is None:
+        raise EngineError(
+            f"--engine {name} --spec: one server cannot be compared with itself; give one URL "
+            "per variant (--base-url baseline=URL ngram=URL) or let an engine that starts its "
+            "own server run them"
+        )
+    out = {**client_options(flags), "api_key_env": flags["api_key_env"]}
+    if per_variant:
+        out["base_urls"] = [u for us in per_variant.values() for u in us]
+        out["variant_urls"] = per_variant
+    else:
+        out["base_urls"] = list(urls)
+    for key in ("api_key_file", "served_model"):
+        if flags.get(key) is not None:
+            out[key] = flags[key]
+    return out
+
+
+def variant_urls(configs: Sequence[tuple[str, EngineConfig]]) -> list[tuple[str, EngineConfig]]:
+    """``--base-url baseline=URL ngram=URL``: each variant talks to its own server."""
+    out = []
+    for label, c in configs:
+        opts = dict(c.options)
+        urls = opts.pop("variant_urls", None)
+        if urls is not None:
+            if label not in urls:
+                given = " ".join(f"{k}=URL" for k in urls)
+                raise EngineError(f"--base-url: no URL for variant {label!r} (given: {given})")
+            opts["base_urls"] = urls[label]
+        out.append((label, replace(c, options=opts)))
+    labels = {label for label, _ in configs}
+    for _, c in configs:
+        extra = sorted(set(c.options.get("variant_urls") or ()) - labels)
+        if extra:
+            raise EngineError(f"--base-url: {extra[0]}=URL names no variant of this run")
+    return out
+
+
+def probe_urls(config: EngineConfig) -> None:
+    """Each base URL must answer before the run starts (a typo costs seconds, not a run)."""
+    import urllib.error
+    import urllib.request
+
+    for url in config.options.get("base_urls", ()):
+        try:
+            with urllib.request.urlopen(url.rstrip("/") + "/models", timeout=10):
+                pass
+        except urllib.error.HTTPError:
+            pass  # it answers (an auth error is the engine's to report with the key)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise EngineError(f"--base-url: {url} does not answer ({reason})") from None

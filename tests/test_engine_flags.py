@@ -1,0 +1,61 @@
+"""What the run's flags mean is each engine's (``Engine.run_flags`` / ``options_from`` /
+``for_variants``): an engine that takes ``--base-url`` needs one registry line, no harness edit."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import pytest
+
+from engines.base import REGISTRY, EngineConfig
+from harness.flags import build_parser
+from harness.plan_flags import build_plan
+from harness.preflight import engine_methods, variant_servers
+from tests.clock import ScriptedEngine
+
+
+class ToyHTTPEngine(ScriptedEngine):
+    """A made-up engine that talks to servers by URL, one per variant when labelled."""
+
+    name: ClassVar[str] = "toy-http"
+    run_flags: ClassVar[frozenset[str]] = frozenset({"base_url", "request_timeout"})
+
+    @classmethod
+    def options_from(cls, flags: Mapping[str, Any], speculative: bool) -> dict[str, Any]:
+        return {"urls": flags["base_url"], "timeout": flags["request_timeout"], "spec": speculative}
+
+    @classmethod
+    def for_variants(
+        cls, configs: Sequence[tuple[str, EngineConfig]]
+    ) -> list[tuple[str, EngineConfig]]:
+        return [(lb, EngineConfig(c.engine, c.model, options={"label": lb})) for lb, c in configs]
+
+
+@pytest.fixture
+def toy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(REGISTRY, "toy-http", f"{__name__}:ToyHTTPEngine")
+
+
+def _plan(*flags: str) -> Any:
+    args = build_parser().parse_args(["--mode", "latency", *flags])
+    return build_plan(args, "m", None)
+
+
+def test_a_new_engine_takes_its_flags_through_the_registry(toy: None) -> None:
+    plan = _plan("--engine", "toy-http", "--base-url", "http://h:8000", "--request-timeout", "7")
+    assert plan.options == {
+        "toy-http": {"urls": ["http://h:8000/v1"], "timeout": 7.0, "spec": False}
+    }
+    configs = variant_servers(plan.engine_configs(engine_methods(plan)))
+    assert [(lb, c.options) for lb, c in configs] == [("baseline", {"label": "baseline"})]
+
+
+def test_base_url_for_no_engine_of_the_run_names_the_engines_that_take_one(toy: None) -> None:
+    from harness.options import UsageError
+
+    with pytest.raises(
+        UsageError, match=r"--base-url is for --engine (openai or toy-http|toy-http or openai)"
+    ):
+        _plan("--engine", "hf", "--base-url", "http://h:8000/v1")
+    assert "toy-http" not in _plan("--engine", "hf").options  # an engine with no flags: nothing
