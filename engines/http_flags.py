@@ -4,14 +4,15 @@ the servers the harness starts itself, the per-variant server of a labelled ``--
 the probe that each URL answers before the run starts.
 
 The harness hands every engine the same neutral mapping (:data:`RunFlags`, built from its flags);
-each engine class takes what it declares in ``run_flags`` (:meth:`engines.base.Engine.options_from`).
+each engine class takes what it declares in ``run_flags`` (:meth:`engines.base.Engine.options_from`);
+the mixins below give an engine class these meanings in one line.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 from engines.base import EngineConfig, EngineError
 
@@ -96,3 +97,34 @@ def probe_urls(config: EngineConfig) -> None:
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
             raise EngineError(f"--base-url: {url} does not answer ({reason})") from None
+
+
+class OpenAIFlags:
+    """What the run's flags mean to an ``openai`` client (mixed into its engine class)."""
+
+    name: ClassVar[str]
+    run_flags: ClassVar[frozenset[str]] = OPENAI_FLAGS
+
+    @classmethod
+    def options_from(cls, flags: RunFlags, speculative: bool) -> dict[str, Any]:
+        return openai_options(flags, speculative, cls.name)
+
+    @classmethod
+    def for_variants(
+        cls, configs: Sequence[tuple[str, EngineConfig]]
+    ) -> list[tuple[str, EngineConfig]]:
+        return variant_urls(configs)
+
+    @classmethod
+    def probe(cls, config: EngineConfig) -> None:
+        probe_urls(config)
+
+
+class ManagedServerFlags:
+    """What the run's flags mean to a server the harness starts (mixed into its engine class)."""
+
+    run_flags: ClassVar[frozenset[str]] = SERVER_FLAGS
+
+    @classmethod
+    def options_from(cls, flags: RunFlags, speculative: bool) -> dict[str, Any]:
+        return server_options(flags)

@@ -17,7 +17,7 @@ import itertools
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 
 import aiohttp
 
-from engines import http_flags, prom
+from engines import prom
 from engines.base import (
     SPEC_METHODS,
     Capabilities,
@@ -37,6 +37,7 @@ from engines.base import (
     GenParams,
     SpecCounters,
 )
+from engines.http_flags import OpenAIFlags
 from engines.sse import DONE, RequestFailed, StreamEnd, parse_event, sse_events
 from workloads.base import Request
 
@@ -92,8 +93,9 @@ def _one_line(text: str, limit: int = 200) -> str:
     return " ".join(text.split())[:limit]
 
 
-class OpenAIEngine(Engine):
-    """Streams from one or more replicas of an OpenAI-compatible server."""
+class OpenAIEngine(OpenAIFlags, Engine):
+    """Streams from one or more replicas of an OpenAI-compatible server (its flags:
+    :class:`engines.http_flags.OpenAIFlags`)."""
 
     name: ClassVar[str] = "openai"
     spec_methods: ClassVar[tuple[str, ...]] = SPEC_METHODS  # whatever the server runs
@@ -101,22 +103,6 @@ class OpenAIEngine(Engine):
     capabilities: ClassVar[Capabilities] = Capabilities(
         coexist=True, load_gauges=True, client_workers=True
     )
-    # --base-url and the client flags (engines/http_flags.py): a labelled URL per variant
-    run_flags: ClassVar[frozenset[str]] = http_flags.OPENAI_FLAGS
-
-    @classmethod
-    def options_from(cls, flags: Mapping[str, Any], speculative: bool) -> dict[str, Any]:
-        return http_flags.openai_options(flags, speculative, cls.name)
-
-    @classmethod
-    def for_variants(
-        cls, configs: Sequence[tuple[str, EngineConfig]]
-    ) -> list[tuple[str, EngineConfig]]:
-        return http_flags.variant_urls(configs)
-
-    @classmethod
-    def probe(cls, config: EngineConfig) -> None:
-        http_flags.probe_urls(config)
 
     def __init__(self, config: EngineConfig) -> None:
         self.validate(config)

@@ -24,7 +24,6 @@ from typing import Any, ClassVar
 
 import aiohttp
 
-from engines import http_flags
 from engines.base import (
     SPEC_METHODS,
     Capabilities,
@@ -36,6 +35,7 @@ from engines.base import (
     GenParams,
     SpecCounters,
 )
+from engines.http_flags import ManagedServerFlags
 from engines.openai import OpenAIEngine
 from engines.vllm_setup import check_schedule, per_request_spec_metrics
 from workloads.base import Request
@@ -126,7 +126,7 @@ def _die_with_parent() -> None:
         pass
 
 
-class VLLMServerEngine(Engine):
+class VLLMServerEngine(ManagedServerFlags, Engine):
     """Starts ``vllm serve`` for ``config.model`` and streams from it over HTTP."""
 
     name: ClassVar[str] = "vllm-server"
@@ -136,12 +136,6 @@ class VLLMServerEngine(Engine):
     capabilities: ClassVar[Capabilities] = Capabilities(
         coexist=True, managed=True, load_gauges=True, client_workers=True
     )
-    # the client flags and --server-start-timeout (engines/http_flags.py)
-    run_flags: ClassVar[frozenset[str]] = http_flags.SERVER_FLAGS
-
-    @classmethod
-    def options_from(cls, flags: Mapping[str, Any], speculative: bool) -> dict[str, Any]:
-        return http_flags.server_options(flags)
 
     def __init__(self, config: EngineConfig) -> None:
         self.validate(config)
