@@ -1,14 +1,18 @@
 """Which speculative configuration (method, K) pays at which load, decided with paired CIs.
 
-Per load: a pilot (the baseline and each method at its largest K) measures acceptance per draft
-position; Leviathan et al.'s E(K) = 1 + sum_{i<K} a_i with a cost per draft token c fitted to the
-pilot's speedup predicts every other K, and K predicted to lose more than ``prune_margin`` to the
-best prediction are not measured. The rest race by successive elimination: every round measures
+Per load: a pilot (the baseline and each method's probe, at its largest K) measures acceptance
+per draft position; Leviathan et al.'s E(K) = 1 + sum_{i<K} a_i with a cost per draft token c
+fitted to the probe's speedup predicts every other K from that one engine. A method predicted
+more than ``prune_margin`` below the best (speculation off = 1.0) does not race, and is not
+probed at larger loads if below 1 - ``prune_margin``; of a method's K, the best prediction races
+with warm engines predicted within ``k_margin`` of it (one new engine per method and load, at
+most ``max_engines`` in all). The rest race by successive elimination: every round measures
 each live arm once (order rotated, so drift falls on all alike), paired by round; an arm
 significantly slower than the leader by more than ``tolerance`` is dropped; the search stops when
 one arm is left, or every live arm is within +-``tolerance`` of the leader (then the cheapest
-wins: speculation off < ngram < a model; smaller K), or when ``max_rounds`` is spent (then the
-leader, called undecided). Measuring is a callback, so the search is tested without engines.
+wins: speculation off < ngram < a model; smaller K), or when ``max_rounds`` or the time budget is
+spent (then the leader, called undecided). Measuring is a callback, so the search is tested
+without engines.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import math
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 
@@ -62,14 +66,25 @@ class Sample:
 Measure = Callable[[int, Sequence[Arm], int], Awaitable[Mapping[Arm, Sample]]]
 
 
+class Budget(Protocol):
+    """Whether ``rounds`` more rounds of ``arms`` at ``load`` still leave time for the loads
+    after it and the verification (harness/tune_plan.py: from the measured times)."""
+
+    def fits(self, load: int, arms: Sequence[Arm], rounds: int, later: Sequence[int]) -> bool: ...
+
+
 @dataclass(frozen=True)
 class Settings:
     tolerance: float = 0.02  # +-: "within tolerance" = no difference worth a costlier arm
-    prune_margin: float = 0.10  # not measured: predicted this far below the best prediction
+    prune_margin: float = 0.10  # a method predicted this far below the best (>= 1.0): not raced
+    k_margin: float = 0.05  # a K predicted this far below its method's best: not raced
     keep_per_method: int = 2  # at most this many K per method race after the pilot
+    new_per_method: int = 1  # of which at most this many start an engine (per load)
+    max_engines: int = 7  # distinct arms the search may start (baseline and probes included)
     pilot_rounds: int = 2
     min_rounds: int = 3  # no decision before every live arm has this many paired rounds
-    max_rounds: int = 8
+    max_rounds: int = 4
+    saturation_gain: float = 1.10  # a sweep stops once doubling the load gains less
     seed: int = 0
 
 
@@ -91,6 +106,9 @@ class LoadResult:
     rounds: int
     candidates: list[Candidate]
     c_fit: dict[str, float] = field(default_factory=dict)  # method -> fitted cost per draft
+    below: list[str] = field(default_factory=list)  # predicted < 1 - margin: not probed above
+    baseline_tok_s: float | None = None  # geometric mean over the rounds
+    note: str = ""  # why the sweep stopped here, if it did
 
     def candidate(self, arm: Arm) -> Candidate | None:
         return next((c for c in self.candidates if c.arm == arm), None)
@@ -132,7 +150,7 @@ def _mean_acceptance(samples: Sequence[Sample]) -> list[float]:
     return [float(np.mean([v[i] if i < len(v) else 0.0 for v in vecs])) for i in range(n)]
 
 
-class _Race:
+class Race:
     """The state of one load's search: samples by arm and round, rounds run so far."""
 
     def __init__(self, load: int, measure: Measure, s: Settings):
@@ -160,13 +178,78 @@ class _Race:
 
 
 async def tune_load(load: int, methods: Mapping[str, Sequence[int]], measure: Measure,
-                    s: Settings = Settings()) -> LoadResult:  # fmt: skip
-    """The best arm at one load (see the module docstring)."""
-    race = _Race(load, measure, s)
+                    s: Settings = Settings(), started: set[Arm] | None = None,
+                    budget: Budget | None = None, later: Sequence[int] = ()) -> LoadResult:  # fmt: skip
+    """The best arm at one load (see the module docstring). ``started``: arms that have an
+    engine (shared across loads: a warm engine within the margin is raced before a new one)."""
+    race = Race(load, measure, s)
+    started = set() if started is None else started
     cands: dict[Arm, Candidate] = {BASELINE: Candidate(BASELINE)}
     pilot = [BASELINE] + [Arm(m, max(ks)) for m, ks in methods.items() if ks]
-    for _ in range(s.pilot_rounds):
+    started.update(pilot)
+    for i in range(s.pilot_rounds):
+        if i:  # a method predicted far below 1 after the first round has told enough
+            far = 1 - 2 * s.prune_margin
+            pilot = [
+                a for a in pilot if a == BASELINE or _best(predictions(race, methods)[0], a) >= far
+            ]
         await race.run(pilot)
+    predicted, c_fit = predictions(race, methods)
+    live = [BASELINE, *select(methods, predicted, started, s, cands)]
+    below = [
+        m for m in methods
+        if max((v for a, v in predicted.items() if a.method == m), default=0.0) < 1 - s.prune_margin
+    ]  # fmt: skip
+    verdict_line = ""
+    if live == [BASELINE]:  # nothing is predicted to come near: no race to run
+        cands[BASELINE].status = "chosen"
+        top = max(predicted, key=lambda a: predicted[a], default=None)
+        verdict_line = "baseline: every candidate predicted more than " + (
+            f"{s.prune_margin:.0%} below speculation off (best: {top.label} {predicted[top]:.2f}x)"
+            if top
+            else "the margin below speculation off"
+        )
+    out_of_time = False
+    while not verdict_line:
+        ready = all(len(race.samples.get(a, {})) >= s.min_rounds for a in live)
+        if ready:
+            done, verdict_line = _decide(race, live, cands, s)
+            if done:
+                break
+        if race.rounds >= s.max_rounds:
+            break
+        arms = sorted(set(live) | {BASELINE}, key=lambda a: a.label)
+        if budget is not None and not budget.fits(load, arms, 1, later):
+            out_of_time = True
+            break
+        await race.run(arms)
+    for arm, cand in cands.items():
+        cand.vs_baseline = race.vs(arm, BASELINE) if arm != BASELINE else None
+        cand.rounds = len(race.samples.get(arm, {}))
+    chosen = next((a for a, c in cands.items() if c.status == "chosen"), None)
+    if chosen is None:  # the rounds (or the time budget) ran out first
+        leader = _leader(race, live)
+        for arm in live:
+            cands[arm].status = "undecided"
+            cands[arm].vs_leader = race.vs(arm, leader) if arm != leader else None
+        cands[leader].status = "chosen"
+        chosen = leader
+        verdict_line = (
+            f"undecided after {race.rounds} rounds"
+            + (" (the time budget)" if out_of_time else "")
+            + f": {leader.label} leads by its point estimate; "
+            + ", ".join(a.label for a in live if a != leader)
+            + " not separated from it"
+        )
+    rates = [x.tokens / x.seconds for x in race.samples.get(BASELINE, {}).values() if x.seconds > 0]
+    rate = math.exp(float(np.mean(np.log(rates)))) if rates else None
+    return LoadResult(load, chosen, verdict_line, race.rounds, list(cands.values()), c_fit,
+                      below, rate)  # fmt: skip
+
+
+def predictions(race: Race, methods: Mapping[str, Sequence[int]]
+                ) -> tuple[dict[Arm, float], dict[str, float]]:  # fmt: skip
+    """Every (method, K) predicted from its probe's acceptance and fitted c; c per method."""
     c_fit: dict[str, float] = {}
     predicted: dict[Arm, float] = {}
     for m, ks in methods.items():
@@ -179,54 +262,48 @@ async def tune_load(load: int, methods: Mapping[str, Sequence[int]], measure: Me
         c_fit[m] = fit_cost(acc, top.k, measured)
         for k in ks:
             predicted[Arm(m, k)] = predict(acc, k, c_fit[m])
+    return predicted, c_fit
+
+
+def _best(predicted: Mapping[Arm, float], arm: Arm) -> float:
+    return max((v for a, v in predicted.items() if a.method == arm.method), default=0.0)
+
+
+def select(methods: Mapping[str, Sequence[int]], predicted: Mapping[Arm, float],
+           started: set[Arm], s: Settings, cands: dict[Arm, Candidate]) -> list[Arm]:  # fmt: skip
+    """The arms that race after the pilot. A method races only if its best prediction is within
+    ``prune_margin`` of the best overall (speculation off = 1.0); then its best-predicted K (a
+    new engine only while fewer than ``max_engines`` were started; else the best warm one within
+    ``k_margin``, else its probe), and warm K predicted within ``k_margin`` of that best, up to
+    ``keep_per_method``: at most ``new_per_method`` new engines per method and load."""
     best = max([1.0, *predicted.values()])
-    live = [BASELINE]
-    for m in methods:
-        arms = sorted((a for a in predicted if a.method == m), key=lambda a: -predicted[a])
-        for i, arm in enumerate(arms):
-            cands[arm] = Candidate(arm, predicted=predicted[arm])
-            if i < s.keep_per_method and predicted[arm] >= best * (1 - s.prune_margin):
-                live.append(arm)
-            else:
-                cands[arm].status = "pruned"
-    verdict_line = ""
-    if live == [BASELINE]:  # nothing is predicted to come near: no race to run
-        cands[BASELINE].status = "chosen"
-        top = max(predicted, key=lambda a: predicted[a], default=None)
-        verdict_line = "baseline: every candidate predicted more than " + (
-            f"{s.prune_margin:.0%} below speculation off (best: {top.label} {predicted[top]:.2f}x)"
-            if top
-            else "the margin below speculation off"
-        )
-    while not verdict_line:
-        ready = all(len(race.samples.get(a, {})) >= s.min_rounds for a in live)
-        if ready:
-            done, verdict_line = _decide(race, live, cands, s)
-            if done:
-                break
-        if race.rounds >= s.max_rounds:
-            break
-        await race.run(sorted(set(live) | {BASELINE}, key=lambda a: a.label))
-    for arm, cand in cands.items():
-        cand.vs_baseline = race.vs(arm, BASELINE) if arm != BASELINE else None
-        cand.rounds = len(race.samples.get(arm, {}))
-    chosen = next((a for a, c in cands.items() if c.status == "chosen"), None)
-    if chosen is None:  # the budget ran out first
-        leader = _leader(race, live)
-        for arm in live:
-            cands[arm].status = "undecided"
-            cands[arm].vs_leader = race.vs(arm, leader) if arm != leader else None
-        cands[leader].status = "chosen"
-        chosen = leader
-        verdict_line = (
-            f"undecided after {race.rounds} rounds: {leader.label} leads by its point estimate; "
-            + ", ".join(a.label for a in live if a != leader)
-            + " not separated from it"
-        )
-    return LoadResult(load, chosen, verdict_line, race.rounds, list(cands.values()), c_fit)
+    live: list[Arm] = []
+    for m, ks in methods.items():
+        arms = sorted((a for a in predicted if a.method == m), key=lambda a: (-predicted[a], a.k))
+        for a in arms:
+            cands[a] = Candidate(a, status="pruned", predicted=predicted[a])
+        if not arms or predicted[arms[0]] < best * (1 - s.prune_margin):
+            continue
+        near = [a for a in arms if predicted[a] >= predicted[arms[0]] * (1 - s.k_margin)]
+        near.sort(key=lambda a: (a != arms[0] and a not in started, -predicted[a], a.k))
+        picked: list[Arm] = []
+        new = 0
+        for a in near:  # the best, then warm engines, then new ones while allowed
+            fresh = a not in started
+            if fresh and (new >= s.new_per_method or len(started) + new >= s.max_engines):
+                continue
+            picked.append(a)
+            new += fresh
+        picked = picked[: s.keep_per_method] or [Arm(m, max(ks))]  # the cap: the probe stands in
+        started.update(picked)
+        cands.setdefault(picked[0], Candidate(picked[0]))
+        for a in picked:
+            cands[a].status = "racing"
+        live += picked
+    return live
 
 
-def _leader(race: _Race, live: Sequence[Arm]) -> Arm:
+def _leader(race: Race, live: Sequence[Arm]) -> Arm:
     def score(a: Arm) -> float:
         r = race.vs(a, BASELINE).estimate if a != BASELINE else 1.0
         return -math.inf if r is None else r
@@ -234,7 +311,7 @@ def _leader(race: _Race, live: Sequence[Arm]) -> Arm:
     return max(live, key=lambda a: (score(a), [-x for x in a.cost]))
 
 
-def _decide(race: _Race, live: list[Arm], cands: dict[Arm, Candidate], s: Settings
+def _decide(race: Race, live: list[Arm], cands: dict[Arm, Candidate], s: Settings
             ) -> tuple[bool, str]:  # fmt: skip
     """One elimination step; (stop, why)."""
     leader = _leader(race, live)
@@ -266,7 +343,7 @@ def _decide(race: _Race, live: list[Arm], cands: dict[Arm, Candidate], s: Settin
         cands[leader].status = "within tolerance"
         why = (
             f"{pick.label}: within +-{tol:.0%} of the leader {leader.label} "
-            f"({_fmt(race.vs(pick, leader))} of it) and cheaper"
+            f"({fmt_ratio(race.vs(pick, leader))} of it) and cheaper"
         )
     elif same:
         why = (
@@ -279,7 +356,7 @@ def _decide(race: _Race, live: list[Arm], cands: dict[Arm, Candidate], s: Settin
     return True, why
 
 
-def _fmt(r: Comparison | None) -> str:
+def fmt_ratio(r: Comparison | None) -> str:
     if r is None or r.estimate is None:
         return "n/a"
     if r.lo is None:
@@ -289,108 +366,35 @@ def _fmt(r: Comparison | None) -> str:
 
 async def tune(loads: Sequence[int], methods: Mapping[str, Sequence[int]], measure: Measure,
                s: Settings = Settings(), on_load: Callable[[LoadResult], None] | None = None,
-               ) -> list[LoadResult]:  # fmt: skip
-    out = []
-    for load in loads:
-        out.append(await tune_load(load, methods, measure, s))
-        if on_load is not None:
-            on_load(out[-1])
-    return out
-
-
-async def saturation_loads(measure: Measure, up_to: int, gain: float = 1.10) -> list[int]:
-    """1, 2, 4, ... until doubling the load raises the baseline's tokens/s by less than
-    ``gain`` (that load included), or ``up_to``: where more in flight stops buying throughput."""
-    loads: list[int] = []
-    rate = None
-    load = 1
-    while load <= up_to:
-        got = await measure(load, [BASELINE], -1)
-        s = got.get(BASELINE)
-        loads.append(load)
-        new = s.tokens / s.seconds if s and s.seconds > 0 else None
-        if rate is not None and new is not None and new < rate * gain:
+               sweep: bool = False, budget: Budget | None = None) -> list[LoadResult]:  # fmt: skip
+    """Every load in ascending order. A method predicted more than ``prune_margin`` below 1 at
+    a load is not probed at larger ones (its gain falls with load: c grows as the target's step
+    gets cheaper per token in a bigger batch). ``sweep``: ``loads`` is a doubling sweep that
+    stops where the baseline's tokens/s gains < ``saturation_gain`` over the previous load (that
+    load included; measured in the search's own baseline rounds, no separate probe); with a
+    ``budget``, a load whose minimum (pilot + min_rounds) does not fit is not started."""
+    out: list[LoadResult] = []
+    started: set[Arm] = set()
+    live = {m: tuple(ks) for m, ks in methods.items() if ks}
+    order = sorted(set(loads))
+    for i, load in enumerate(order):
+        later = order[i + 1 :]
+        pilot = [BASELINE] + [Arm(m, max(ks)) for m, ks in live.items()]
+        if out and budget is not None and not budget.fits(load, pilot, s.min_rounds, later):
+            out[-1].note = f"load {load} and above not tuned: the time budget"
             break
-        rate = new
-        load *= 2
-    return loads
-
-
-@dataclass
-class Verification:
-    """The emitted schedule against the best fixed K and the baseline, interleaved per load."""
-
-    schedule: Arm
-    fixed: Arm
-    rounds: int
-    rows: list[dict[str, Any]]  # load, schedule_vs_fixed, schedule_vs_baseline, fixed_vs_baseline
-
-    @property
-    def failures(self) -> list[str]:
-        out = []
-        for row in self.rows:
-            if row["schedule_vs_fixed"].lo is None or row["schedule_vs_baseline"].lo is None:
-                n = min(row["schedule_vs_fixed"].n, row["schedule_vs_baseline"].n)
-                out.append(
-                    f"load {row['load']}: the schedule was not measured ({n} paired rounds; "
-                    "see stderr)"
-                )
-                continue
-            for key, what in (("schedule_vs_fixed", f"fixed {self.fixed.label}"), ("schedule_vs_baseline",
-                              "the baseline")):  # fmt: skip
-                if row[key].verdict == "slower":
-                    out.append(
-                        f"load {row['load']}: the schedule is slower than {what} ({_fmt(row[key])})"
-                    )
-        return out
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
-
-    def headline(self) -> str:
-        if not self.passed:
-            return "tune: verification FAILED: " + "; ".join(self.failures)
-        wins = [r["load"] for r in self.rows if r["schedule_vs_fixed"].verdict == "faster"]
-        gain = (
-            f"beats fixed {self.fixed.label} at load {', '.join(map(str, wins))}"
-            if wins
-            else f"beats fixed {self.fixed.label} at no load"
-        )
-        return (
-            f"tune: verified: the schedule {gain} and is never significantly slower than it "
-            f"or the baseline ({self.rounds} interleaved rounds per load)"
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schedule": self.schedule.label,
-            "fixed": self.fixed.label,
-            "rounds": self.rounds,
-            "passed": self.passed,
-            "headline": self.headline(),
-            "rows": [
-                {k: (v.to_json() if isinstance(v, Comparison) else v) for k, v in row.items()}
-                for row in self.rows
-            ],
-        }
-
-
-async def verify(loads: Sequence[int], arms: Sequence[Arm], measure: Measure, rounds: int,
-                 s: Settings = Settings()) -> Verification:  # fmt: skip
-    """``arms`` = (baseline, schedule, fixed K): ``rounds`` rotated rounds at every load."""
-    base, sched, fixed = arms
-    rows = []
-    for load in loads:
-        race = _Race(load, measure, s)
-        for _ in range(rounds):
-            await race.run(list(arms))
-        rows.append(
-            {
-                "load": load,
-                "schedule_vs_fixed": race.vs(sched, fixed),
-                "schedule_vs_baseline": race.vs(sched, base),
-                "fixed_vs_baseline": race.vs(fixed, base),
-            }
-        )
-    return Verification(sched, fixed, rounds, rows)
+        r = await tune_load(load, live, measure, s, started, budget, later)
+        out.append(r)
+        live = {m: ks for m, ks in live.items() if m not in r.below}
+        prev = out[-2].baseline_tok_s if len(out) > 1 else None
+        if sweep and prev and r.baseline_tok_s and r.baseline_tok_s < prev * s.saturation_gain:
+            r.note = (
+                f"the sweep stops at load {load}: the baseline's tokens/s gained "
+                f"{r.baseline_tok_s / prev - 1:+.0%} over load {out[-2].load} "
+                f"(< {s.saturation_gain - 1:.0%})"
+            )
+        if on_load is not None:
+            on_load(r)
+        if r.note:
+            break
+    return out

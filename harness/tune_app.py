@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
-import math
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -28,27 +27,26 @@ from harness.load import Concurrent
 from harness.options import UsageError, positive_int
 from harness.plan import PlanError, Point, RunPlan
 from harness.results import Run
-from harness.schedule import Pick, build_config, describe, fixed_config
-from harness.tune import (
-    BASELINE,
-    Arm,
-    LoadResult,
-    Sample,
-    Settings,
-    Verification,
-    saturation_loads,
-    tune,
-    verify,
+from harness.schedule import (
+    best_fixed_k,
+    best_fixed_score,
+    build_config,
+    describe,
+    fixed_config,
+    picks,
 )
+from harness.tune import BASELINE, Arm, LoadResult, Sample, Settings, tune
+from harness.tune_plan import TimeBudget, worst_case
 from harness.tune_report import fmt, markdown, to_json
+from harness.tune_verify import Verification, verify
 
 ENGINES = ("vllm", "vllm-server")
 DEFAULT_KS = (1, 2, 3, 4, 6)
-MIN_REQUESTS, PER_LOAD = 8, 2  # requests per run: max(8, 2 x load), so batches stay full
+MIN_REQUESTS, PER_LOAD = 4, 2  # requests per run: max(4, 2 x load), so batches stay full
 
 
 def round_requests(requests: Sequence[Any], load: int, rnd: int) -> list[Any]:
-    """The requests of one round at one load: max(8, 2 x load) of the workload, starting where
+    """The requests of one round at one load: max(4, 2 x load) of the workload, starting where
     the previous round stopped (every round a new slice, all arms of a round the same one), so
     over the rounds every prompt counts; cycled with new ids when the workload is shorter."""
     n = max(MIN_REQUESTS, PER_LOAD * load)
@@ -74,17 +72,23 @@ def parser() -> argparse.ArgumentParser:
         help="draft lengths to consider per method (default 1 2 3 4 6)",
     )  # fmt: skip
     t.add_argument(
-        "--max-load", type=positive_int, default=32,
+        "--max-load", type=positive_int, default=8,
         help="without --concurrency: the doubling sweep 1, 2, 4, ... stops here at the latest "
-        "(else where the baseline's tokens/s gains < 10%% per doubling); default 32",
+        "(else where the baseline's tokens/s gains < 10%% per doubling); default 8",
     )  # fmt: skip
     t.add_argument(
-        "--max-rounds", type=positive_int, default=6,
-        help="rounds per load before the search stops undecided (default 6)",
+        "--max-rounds", type=positive_int, default=4,
+        help="rounds per load before the search stops undecided (default 4)",
     )  # fmt: skip
     t.add_argument(
-        "--verify-rounds", type=positive_int, default=4,
-        help="interleaved rounds per load of schedule vs fixed K vs baseline (default 4)",
+        "--verify-rounds", type=positive_int, default=3,
+        help="interleaved rounds per load of schedule vs fixed K vs baseline (default 3)",
+    )  # fmt: skip
+    t.add_argument(
+        "--budget-min", type=float, default=14.0,
+        help="wall-clock budget in minutes: a race stops undecided, or the sweep stops, where "
+        "the next round would leave too little time for the rest and the verification (from "
+        "the measured times); default 14",
     )  # fmt: skip
     t.add_argument("--no-verify", action="store_true", help="emit without verifying")
     return p
@@ -146,8 +150,9 @@ class Bench:
     arm's run through the session; runs are kept per phase for results.json."""
 
     def __init__(
-        self, plan: RunPlan, requests: Sequence[Any], out: Path, quiet: bool, share: int = 1
-    ):
+        self, plan: RunPlan, requests: Sequence[Any], out: Path, quiet: bool, share: int = 1,
+        budget: TimeBudget | None = None,
+    ):  # fmt: skip
         from harness.session import Session
 
         self.plan, self.out, self.requests = plan, out, list(requests)
@@ -158,7 +163,8 @@ class Bench:
         self.configs: dict[Arm, dict[str, Any] | None] = {BASELINE: None}
         self.warm: set[tuple[Arm, int]] = set()
         self.phase = "search"
-        self.runs: dict[str, list[Run]] = {"probe": [], "search": [], "verify": []}
+        self.runs: dict[str, list[Run]] = {"search": [], "verify": []}
+        self.budget = budget
 
     def add(self, arm: Arm, spec: Mapping[str, Any] | None) -> None:
         self.configs[arm] = None if spec is None else dict(spec)
@@ -174,8 +180,10 @@ class Bench:
                 log = self.out / f"{config.engine}-{arm.label}.log"
                 config = replace(config, options={**config.options, "log_path": str(log)})
             lane = Lane(arm.label, config).with_share(self.share)
-            before = len(self.session.runs)
+            before, t = len(self.session.runs), time.monotonic()
             await self.session._start(lane)
+            if self.budget is not None:
+                self.budget.engine_started(arm, time.monotonic() - t)
             if lane.engine is None:  # said even with --quiet: the tables will show n/a
                 new = self.session.runs[before:]
                 why = new[0].status if new else "engine did not start"
@@ -186,7 +194,7 @@ class Bench:
     async def __call__(self, load: int, arms: Sequence[Arm], rnd: int) -> dict[Arm, Sample]:
         out: dict[Arm, Sample] = {}
         point = Point("throughput", Concurrent(load), self.plan.max_new_tokens[0])
-        phase = "probe" if rnd < 0 else self.phase
+        phase = self.phase
         reqs = round_requests(self.requests, load, rnd)
         if not self.plan.lengths_from_workload:  # an explicit --max-new-tokens wins
             reqs = [replace(r, max_new_tokens=None) for r in reqs]
@@ -201,7 +209,10 @@ class Bench:
             # the round is the block (pairing unit); point = the load's place in the sweep
             slot = Slot(INTERLEAVED, load, max(rnd, 0), position, self.session._seq)
             self.session._seq += 1
+            t = time.monotonic()
             run = await self.session._run_point(lane, cell, point, first, slot)
+            if self.budget is not None:
+                self.budget.ran(arm, load, time.monotonic() - t)
             self.runs[phase].append(run)
             sample = _sample(run)
             if sample is not None:
@@ -229,93 +240,78 @@ def _sample(run: Run) -> Sample | None:
     )
 
 
-def picks(results: Sequence[LoadResult]) -> list[Pick]:
-    """Per load: the chosen arm where it was shown to pay (its CI against the baseline above 1),
-    else speculation off; and for each method its best K that was shown to pay there (none:
-    off): what a one-method schedule can use at that load."""
-    out = []
-    for r in results:
-        by_method: dict[str, tuple[int, float | None]] = {}
-        for c in r.candidates:
-            m, v = c.arm.method, c.vs_baseline
-            if m is None or v is None or v.estimate is None or c.status == "pruned":
-                continue
-            pays = v.verdict == "faster"
-            if pays and v.estimate > (by_method.get(m, (0, 0.0))[1] or 0.0):
-                by_method[m] = (c.arm.k, v.estimate)
-        chosen = r.candidate(r.chosen)
-        v = chosen.vs_baseline if chosen else None
-        if r.chosen.method is None or v is None or v.verdict != "faster":
-            out.append(Pick(r.load, None, 0, 1.0, by_method))  # on only where shown to pay
-        else:
-            out.append(Pick(r.load, r.chosen.method, r.chosen.k, v.estimate, by_method))
-    return out
-
-
-def best_fixed_k(results: Sequence[LoadResult], method: str) -> int:
-    """The single K of ``method`` with the best summed log speedup over the loads (measured
-    where it raced, else predicted)."""
-    score: dict[int, float] = {}
-    for r in results:
-        for c in r.candidates:
-            if c.arm.method != method:
-                continue
-            v = c.vs_baseline
-            s = v.estimate if v is not None and v.estimate and c.status != "pruned" else None
-            s = s or c.predicted
-            if s and s > 0:
-                score[c.arm.k] = score.get(c.arm.k, 0.0) + math.log(s)
-    return max(sorted(score), key=lambda k: score[k]) if score else 1
-
-
 async def _run(args, plan: RunPlan, workload, out: Path, methods, settings: Settings) -> int:
     from harness.finalize import finalize
 
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     requests = workload.requests
-    share = 3 + len(methods) * (settings.keep_per_method + 1)
-    bench = Bench(plan, requests, out, args.quiet, share)
+    if args.concurrency:
+        loads, sweep = sorted(set(args.concurrency)), False
+    else:
+        loads = [2**i for i in range(args.max_load.bit_length()) if 2**i <= args.max_load]
+        sweep = True
+    worst = worst_case(loads, methods, settings, args.verify_rounds)
+    budget = TimeBudget(
+        args.budget_min * 60, settings, args.verify_rounds,
+        lambda load: max(MIN_REQUESTS, PER_LOAD * load),
+    )  # fmt: skip
+    plan_lines = [worst.line(loads, methods, budget.budget_s, args.verify_rounds)]
+    bench = Bench(plan, requests, out, args.quiet, worst.engines, budget)
     note: list[str] = []
     try:
-        if args.concurrency:
-            loads = sorted(set(args.concurrency))
-        else:
-            loads = await saturation_loads(bench, args.max_load)
+        if sweep:
             note.append(
-                f"loads: the baseline's tokens/s at 1, 2, 4, ... in flight (one run each) "
-                f"gained < 10% per doubling from {loads[-1]} (or --max-load {args.max_load})"
+                f"loads: 1, 2, 4, ... up to --max-load {args.max_load}, stopping where the "
+                f"baseline's tokens/s (its search rounds) gained < "
+                f"{settings.saturation_gain - 1:.0%} over the previous load"
             )
         note.append(
             f"each run: max({MIN_REQUESTS}, {PER_LOAD} x load) requests, a new slice of the "
             f"{len(requests)}-prompt workload every round (all arms of a round the same slice)"
         )
+        print(f"[harness] tune: {plan_lines[0]}", file=sys.stderr, flush=True)
 
         def said(r: LoadResult) -> None:
             print(f"[harness] tune: load {r.load}: {r.verdict} ({r.rounds} rounds, "
                   f"{time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
+            live = [c.arm for c in r.candidates if c.rounds]
+            later = [lo for lo in loads if lo > r.load and not r.note]
+            plan_lines.append(budget.line(r.load, live, later))
+            print(f"[harness] tune: {plan_lines[-1]}", file=sys.stderr, flush=True)
+            if r.note:
+                print(f"[harness] tune: {r.note}", file=sys.stderr, flush=True)
 
-        print(f"[harness] tune: loads {loads}", file=sys.stderr, flush=True)
-        results = await tune(loads, methods, bench, settings, said)
+        results = await tune(loads, methods, bench, settings, said, sweep, budget)
+        loads = [r.load for r in results]
+        note += [r.note for r in results if r.note]
         method_cfgs = {m: bench.configs.get(Arm(m, max(ks))) or {} for m, ks in methods.items()}
-        chosen = picks(results)
+        chosen = picks(results, settings.tolerance)
         for r, p in zip(results, chosen):
             if r.chosen.method is not None and p.method is None:
                 c = r.candidate(r.chosen)
                 note.append(
-                    f"load {r.load}: {r.chosen.label} led but was not shown to pay "
-                    f"({fmt(c.vs_baseline if c else None)} vs the baseline): speculation off there"
+                    f"load {r.load}: {r.chosen.label} led but not by more than "
+                    f"{settings.tolerance:.0%} ({fmt(c.vs_baseline if c else None)} vs the "
+                    "baseline): speculation off there"
                 )
         config, schedule, notes = build_config(chosen, method_cfgs)
         note += notes
         verification: Verification | None = None
-        if config is not None and not args.no_verify:
+        tried = [m for m in methods if any(c.rounds for r in results for c in r.candidates
+                                           if c.arm.method == m)]  # fmt: skip
+        if not args.no_verify and (config is not None or tried):
             bench.phase = "verify"
-            k = best_fixed_k(results, config["method"])
-            sched = Arm(config["method"], config["num_speculative_tokens"], schedule)
-            fixed = Arm(config["method"], k)
-            bench.add(sched, config)
-            bench.add(fixed, fixed_config(config, k))
+            if config is not None:
+                m = config["method"]
+                sched = Arm(m, config["num_speculative_tokens"], schedule)
+                bench.add(sched, config)
+            else:  # off everywhere: checked against the best fixed K of the best method
+                m = max(tried, key=lambda m: best_fixed_score(results, m))
+                sched = BASELINE
+            k = best_fixed_k(results, m)
+            fixed = Arm(m, k)
+            bench.add(fixed, fixed_config(method_cfgs[m], k))
             verification = await verify(
                 loads, [BASELINE, sched, fixed], bench, args.verify_rounds, settings
             )
@@ -332,6 +328,9 @@ async def _run(args, plan: RunPlan, workload, out: Path, methods, settings: Sett
                 "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                 "loads": loads,
                 "settings": settings.__dict__,
+                "plan": plan_lines,
+                "engines_started": len(bench.lanes),
+                "runs": {k: len(v) for k, v in bench.runs.items()},
                 "speculative_config": config,
                 "schedule": describe(schedule) if schedule else None,
                 "search": to_json(results),

@@ -10,7 +10,8 @@ from typing import Any
 
 from harness.schedule import Schedule, describe
 from harness.stats import Comparison
-from harness.tune import LoadResult, Verification
+from harness.tune import LoadResult
+from harness.tune_verify import Verification
 
 
 def fmt(c: Comparison | None) -> str:

@@ -66,7 +66,14 @@ EXPLICIT = {  # load -> planted speedups; the best is >= 10% ahead of the next
          ("draft_model", 4): 0.45},
 }  # fmt: skip
 METHODS = {"ngram": (1, 3, 5), "draft_model": (2, 4)}
-NO_PRUNING = Settings(prune_margin=1.0, keep_per_method=9)
+NO_PRUNING = Settings(
+    prune_margin=1.0,
+    k_margin=1.0,
+    keep_per_method=9,
+    new_per_method=9,
+    max_engines=99,
+    max_rounds=8,
+)
 
 
 def _truth(table):
@@ -163,8 +170,8 @@ def test_build_config_one_method_nearest_legal_schedule():
     assert any("load 4" in n and "one method" in n for n in notes)
     lookup = build_dynamic_sd_schedule_lookup(cfg[SCHEDULE], 64, cfg["num_speculative_tokens"])
     assert lookup[1] == 4 and lookup[3] == 3 and lookup[5] == 1 and lookup[8] == lookup[64] == 0
-    off, _, notes = build_config([Pick(1, None, 0, 1.0, {"ngram": (0, None)})], method_cfgs)
-    assert off[SCHEDULE] == [[1, 1, 0]] and off["num_speculative_tokens"] == 1
+    off, schedule, notes = build_config([Pick(1, None, 0, 1.0, {})], method_cfgs)
+    assert off is None and schedule == ()  # K = 0 everywhere is not free: no config at all
     assert "pays at no load" in notes[0]
 
 
@@ -181,8 +188,8 @@ FIXED = Arm("ngram", 4)
     ],
 )
 def test_verification_says_in_its_first_line_whether_it_failed(planted, passed):
-    from harness.tune import verify
     from harness.tune_report import markdown
+    from harness.tune_verify import verify
 
     truth = {}
     for load, (sched, fixed) in planted.items():
@@ -200,7 +207,7 @@ def test_verification_says_in_its_first_line_whether_it_failed(planted, passed):
 
 
 def test_picks_and_best_fixed_k_from_a_search():
-    from harness.tune_app import best_fixed_k, picks
+    from harness.schedule import best_fixed_k, picks
 
     engine = ScriptedLoad(_truth(EXPLICIT), seed=0)
     results = asyncio.run(tune([1, 4, 16], METHODS, engine, NO_PRUNING))
@@ -218,8 +225,9 @@ def test_round_requests_slice_the_workload_and_cycle_with_new_ids():
     from workloads.base import Request
 
     reqs = [Request(id=f"p{i}", prompt=f"prompt {i}") for i in range(10)]
-    r0, r1 = round_requests(reqs, 1, 0), round_requests(reqs, 1, 1)
-    assert [r.id for r in r0] == [f"p{i}" for i in range(8)]  # max(8, 2 x 1)
+    assert [r.id for r in round_requests(reqs, 1, 0)] == ["p0", "p1", "p2", "p3"]  # max(4, 2 x 1)
+    r0, r1 = round_requests(reqs, 4, 0), round_requests(reqs, 4, 1)
+    assert [r.id for r in r0] == [f"p{i}" for i in range(8)]  # 2 x 4
     assert [r.id for r in r1] == ["p8", "p9", "p0", "p1", "p2", "p3", "p4", "p5"]  # next slice
     for rnd in range(3):
         big = round_requests(reqs, 16, rnd)  # 2 x 16 = 32 from 10 prompts: ids stay unique
@@ -227,7 +235,7 @@ def test_round_requests_slice_the_workload_and_cycle_with_new_ids():
 
 
 def test_verification_fails_when_the_schedule_never_ran():
-    from harness.tune import verify
+    from harness.tune_verify import verify
 
     class NoSchedule(ScriptedLoad):
         async def __call__(self, load, arms, rnd):
@@ -237,3 +245,150 @@ def test_verification_fails_when_the_schedule_never_ran():
     engine = NoSchedule({(1, SCHED): 1.5, (1, FIXED): 1.5}, seed=0)
     v = asyncio.run(verify([1], [BASELINE, SCHED, FIXED], engine, 3))
     assert not v.passed and "load 1: the schedule was not measured" in v.headline()
+
+
+# ---- pruning, the sweep and the budget ---------------------------------------------------------
+class LoggedLoad(ScriptedLoad):
+    """ScriptedLoad that keeps which arms ran at which load; ``base_rate`` (load -> tokens/s of
+    the baseline) replaces 100 * load^0.5 where given."""
+
+    def __init__(self, truth, base_rate=None, **kw):
+        super().__init__(truth, **kw)
+        self.ran: dict[int, set[Arm]] = {}
+        self.base_rate = base_rate or {}
+
+    async def __call__(self, load, arms, rnd):
+        self.ran.setdefault(load, set()).update(arms)
+        got = await super().__call__(load, arms, rnd)
+        scale = self.base_rate.get(load, 100 * load**0.5) / (100 * load**0.5)
+        return {
+            a: Sample(s.tokens, s.seconds / scale, s.acceptance_per_pos) for a, s in got.items()
+        }
+
+
+def test_k_pruning_races_the_true_best_k_from_one_probe_per_method():
+    """Planted acceptance and c put ngram's best K at 3, 2 and 1 (loads 1, 4, 16) while its probe
+    (K=6) is far behind at 4 and 16: the prediction from the probe must send the true best K to
+    the race (else the pick could not be it), and fewer than all K get an engine."""
+    ks = (1, 2, 3, 4, 6)
+    costs = {"ngram": {1: 0.12, 4: 0.25, 16: 0.5}, "draft_model": {1: 1.5, 4: 2.0, 16: 3.0}}
+    truth = leviathan_truth([1, 4, 16], ks, costs)
+    for seed in range(10):
+        engine = LoggedLoad(truth, noise=0.01, drift=0.02, seed=seed)
+        results = asyncio.run(tune([1, 4, 16], {"ngram": ks, "draft_model": ks}, engine))
+        for r in results:
+            best = max((a for (lo, a) in truth if lo == r.load and a.method == "ngram"),
+                       key=lambda a: truth[(r.load, a)])  # fmt: skip
+            near = [a for (lo, a), v in truth.items() if lo == r.load and a.method == "ngram"
+                    and v >= truth[(r.load, best)] * 0.97]  # fmt: skip
+            raced = {c.arm for c in r.candidates if c.status != "pruned"}
+            assert raced & set(near), (seed, r.load, best, sorted(raced, key=str))
+            assert truth[(r.load, r.chosen)] >= truth[(r.load, best)] * 0.97, (seed, r.verdict)
+        ngram_engines = {a for arms in engine.ran.values() for a in arms if a.method == "ngram"}
+        assert len(ngram_engines) < len(ks)  # the prediction spared engines
+
+
+def test_a_method_below_one_is_measured_only_by_its_probe_and_not_above_that_load():
+    ks = (1, 2, 4)
+    costs = {"ngram": {1: 0.05, 2: 0.08, 4: 0.12}, "draft_model": {1: 1.5, 2: 2.0, 4: 3.0}}
+    truth = leviathan_truth([1, 2, 4], ks, costs)
+    engine = LoggedLoad(truth, seed=0)
+    results = asyncio.run(tune([1, 2, 4], {"ngram": ks, "draft_model": ks}, engine))
+    assert results[0].below == ["draft_model"]
+    assert {a for a in engine.ran[1] if a.method == "draft_model"} == {Arm("draft_model", 4)}
+    assert results[0].candidate(Arm("draft_model", 4)).rounds == 1  # far below 1: one round
+    assert not any(a.method == "draft_model" for lo in (2, 4) for a in engine.ran[lo])
+    assert all(c.arm.method != "draft_model" for r in results[1:] for c in r.candidates)
+
+
+def test_the_sweep_stops_where_the_baseline_saturates_without_probe_runs():
+    truth = leviathan_truth([1, 2, 4, 8, 16], (1, 2), {"ngram": dict.fromkeys([1, 2, 4, 8, 16], 0.05),
+                            "draft_model": dict.fromkeys([1, 2, 4, 8, 16], 0.3)})  # fmt: skip
+    rates = {1: 100, 2: 190, 4: 300, 8: 310, 16: 320}  # +90%, +58%, +3%: stop at 8
+    engine = LoggedLoad(truth, base_rate=rates, noise=0.01, drift=0.01, seed=0)
+    results = asyncio.run(tune([1, 2, 4, 8, 16], {"ngram": (1, 2)}, engine, sweep=True))
+    assert [r.load for r in results] == [1, 2, 4, 8] and sorted(engine.ran) == [1, 2, 4, 8]
+    assert "stops at load 8" in results[-1].note and "(< 10%)" in results[-1].note
+    assert abs(results[2].baseline_tok_s / 300 - 1) < 0.05
+    fixed = asyncio.run(tune([1, 2, 4, 8, 16], {"ngram": (1, 2)}, engine))  # a list: all of it
+    assert [r.load for r in fixed] == [1, 2, 4, 8, 16]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_runs_and_engines_stay_within_the_worst_case_said_up_front(seed):
+    from harness.tune_plan import worst_case
+
+    rng = random.Random(seed)
+    loads, ks = [1, 2, 4, 8], (1, 2, 3, 4, 6)
+    methods = {"ngram": ks, "draft_model": ks}
+    costs = {m: {lo: rng.uniform(0.0, 0.6) for lo in loads} for m in methods}
+    engine = LoggedLoad(leviathan_truth(loads, ks, costs), noise=0.05, drift=0.05, seed=seed)
+    s = Settings()
+    asyncio.run(tune(loads, methods, engine, s))
+    worst = worst_case(loads, methods, s, verify_rounds=3)
+    assert engine.runs <= worst.runs - len(loads) * 3 * 3
+    arms = {a for got in engine.ran.values() for a in got}
+    assert len(arms) <= s.max_engines and len(arms) + 1 <= worst.engines
+
+
+def test_a_budget_that_is_spent_stops_races_and_the_sweep():
+    class Spent:
+        def fits(self, load, arms, rounds, later):
+            return False
+
+    truth = leviathan_truth([1, 4], (1, 2), {"ngram": {1: 0.05, 4: 0.1},
+                                             "draft_model": {1: 0.3, 4: 0.5}})  # fmt: skip
+    engine = LoggedLoad(truth, seed=0)
+    s = Settings()
+    results = asyncio.run(tune([1, 4], {"ngram": (1, 2)}, engine, s, budget=Spent()))
+    assert [r.load for r in results] == [1] and "not tuned: the time budget" in results[0].note
+    assert results[0].rounds == s.pilot_rounds and "(the time budget)" in results[0].verdict
+
+
+def test_time_budget_counts_measured_times_and_the_verification():
+    from harness.tune_plan import TimeBudget
+
+    now = [0.0]
+    b = TimeBudget(600, Settings(), 3, lambda load: max(4, 2 * load), now=lambda: now[0])
+    b.engine_started(BASELINE, 20)
+    b.engine_started(Arm("ngram", 4), 20)
+    b.ran(BASELINE, 1, 10.0)
+    b.ran(Arm("ngram", 4), 1, 8.0)
+    assert b.run_s(Arm("ngram", 2), 1) == 8.0  # as its method's probe
+    assert b.run_s(BASELINE, 4) == 20.0  # 8 requests instead of 4, no batching gain assumed
+    arms = [BASELINE, Arm("ngram", 4)]
+    # here 18 + later: 3 x (20 + 16) at load 4 + verify: start 20 + 3 x (10 + 16) + 3 x (20 + 32)
+    assert b.need_s(1, arms, 1, [4]) == pytest.approx(18 + 108 + 20 + 78 + 156)
+    assert b.fits(1, arms, 1, [4])
+    now[0] = 600 - 300
+    assert not b.fits(1, arms, 1, [4])
+    assert "2 engines started" in b.line(1, arms, [4])
+
+
+def test_speculation_off_everywhere_is_verified_against_fixed_k_running_the_baseline_once():
+    from harness.tune_verify import verify
+
+    engine = LoggedLoad({(1, FIXED): 0.8}, seed=0)
+    v = asyncio.run(verify([1], [BASELINE, BASELINE, FIXED], engine, 3))
+    assert engine.runs == 6 and v.passed  # 3 rounds x (baseline, fixed K)
+    assert v.headline().startswith("tune: verified: speculation off")
+    assert v.rows[0]["schedule_vs_fixed"].verdict == "faster"
+
+
+def test_an_undecided_load_keeps_speculation_on_where_its_estimate_pays():
+    """The schedule follows the same point-estimate standard as the fixed K it is verified
+    against: an arm ahead by 30% with a CI still touching 1 stays on (the tune of 11:28 turned
+    it off and fixed K then beat the schedule 0.19x); within the tolerance it is off."""
+    from harness.schedule import picks
+    from harness.stats import compare_log_ratios
+    from harness.tune import Candidate, LoadResult
+
+    def result(load, logs):
+        arm = Arm("ngram", 4)
+        c = Candidate(arm, "chosen", vs_baseline=compare_log_ratios("x", logs, 0.02), rounds=3)
+        return LoadResult(load, arm, "undecided", 3, [Candidate(BASELINE, "undecided"), c])
+
+    wide = [math.log(1.3) + d for d in (-0.4, 0.0, 0.4)]  # 1.3x, CI far below 1
+    flat = [math.log(1.01) + d for d in (-0.01, 0.0, 0.01)]  # 1.01x: within +-2%
+    got = picks([result(1, wide), result(4, flat)])
+    assert (got[0].method, got[0].k) == ("ngram", 4) and got[1].method is None
