@@ -16,7 +16,6 @@ import contextlib
 import copy
 import dataclasses
 import gc
-import os
 import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, ClassVar
@@ -40,17 +39,11 @@ from engines.hf_spec import (
     patch_candidate_generator,
     spec_settings,
 )
+from engines.local_model import missing_path, prompt_ids
 
 _DTYPES = ("float32", "float16", "bfloat16")
 _END, _TOKENS, _ERROR = "end", "tokens", "error"
 Steps = list[tuple[list[int], "float | None"]]  # a hand-over: each step's ids and its stamp
-
-
-def _looks_local(name: str) -> bool:
-    """A path rather than a hub id ("org/name")."""
-    if name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name:
-        return True
-    return os.path.exists(os.path.expanduser(name))
 
 
 class _QueueStreamer:
@@ -139,7 +132,7 @@ class HFEngine(Engine):
                 raise EngineError("hf engine: draft_model needs a draft model (spec 'model')")
             paths.append(("draft model", draft))
         for what, name in paths:
-            if name and _looks_local(name) and not os.path.exists(os.path.expanduser(name)):
+            if missing_path(name):
                 raise EngineError(f"hf engine: {what} path not found: {name}")
 
     @staticmethod
@@ -233,20 +226,6 @@ class HFEngine(Engine):
         return None if self.config.spec_config is None else 1
 
     # ---- generation --------------------------------------------------------------------------
-    def _encode(self, request: Request) -> tuple[list[int], bool]:
-        tok = self.tokenizer
-        if request.prompt_token_ids is not None:  # a synthetic workload's exact ids
-            return list(request.prompt_token_ids), False
-        if request.messages is not None:
-            if getattr(tok, "chat_template", None):
-                text = tok.apply_chat_template(
-                    [dict(m) for m in request.messages], add_generation_prompt=True, tokenize=False
-                )
-                return list(tok(text, add_special_tokens=False)["input_ids"]), True
-            text = "\n".join(str(m.get("content", "")) for m in request.messages)
-            return list(tok(text)["input_ids"]), False
-        return list(tok(request.prompt or "")["input_ids"]), False
-
     def _eos_ids(self) -> set[int]:
         ids = self.model.generation_config.eos_token_id
         ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
@@ -356,7 +335,7 @@ class HFEngine(Engine):
     async def stream(
         self, request: Request, params: GenParams, clock: Clock | None = None
     ) -> AsyncIterator[Chunk]:
-        ids, chat = self._encode(request)
+        ids, chat = prompt_ids(self.tokenizer, request)
         max_new = request.max_new_tokens or params.max_new_tokens
         out: list[int] = []
         async for steps in self._generate([ids], params, max_new, clock):
@@ -371,9 +350,8 @@ class HFEngine(Engine):
             if len(out) > n0:
                 first = n0 == 0
                 yield _chunk(out[n0:], times, sizes, len(ids) if first else None, chat, first)
-        if (
-            out
-        ):  # the text once, decoded whole: a byte-level token split across chunks decodes right
+        # the text once, decoded whole: a byte-level token split across chunks decodes right
+        if out:
             yield Chunk(text=self.tokenizer.decode(out, skip_special_tokens=True))
 
     async def stream_batch(
@@ -383,7 +361,7 @@ class HFEngine(Engine):
             raise UnsupportedError(
                 f"hf engine: {self.config.spec_method} supports batch size 1 only"
             )
-        encoded = [self._encode(r) for r in requests]
+        encoded = [prompt_ids(self.tokenizer, r) for r in requests]
         limits = [r.max_new_tokens or params.max_new_tokens for r in requests]
         eos = set() if params.ignore_eos else self._eos_ids()
         outs: list[list[int]] = [[] for _ in requests]
@@ -424,7 +402,9 @@ class HFEngine(Engine):
 
         if self.model is None:
             return None
-        ids = torch.tensor([self._encode(Request(id="c", prompt="The quick brown fox"))[0]])
+        ids = torch.tensor(
+            [prompt_ids(self.tokenizer, Request(id="c", prompt="The quick brown fox"))[0]]
+        )
 
         def per_step(model: Any) -> float:
             x = ids.to(self.device)

@@ -19,7 +19,7 @@ from engines.base import Capabilities, EngineConfig, EngineError
 from engines.vllm_server import VLLMServerEngine, to_flags
 
 RESERVED = ("host", "port", "force_model", "model")
-CB_CPU_CACHE_BYTES = 1 << 30  # as vllm-server's CPU default: else the paged cache takes 90% of RAM
+CB_CPU_CACHE_BYTES = 1 << 30  # else the paged cache takes 90% of RAM (its own size: not vLLM's)
 
 
 def _cpu_cache_share() -> float:
@@ -58,6 +58,12 @@ class TransformersServerEngine(VLLMServerEngine):
         opts = {**inner.options, "served_model": config.model, "vllm_extras": False}
         return EngineConfig(engine="openai", model=config.model, seed=config.seed, options=opts)
 
+    def _defaults(self) -> dict[str, Any]:
+        sized = {"cb_max_memory_percent", "cb_num_blocks"} & set(self.config.engine_args)
+        if self.cpu and self.continuous_batching and not sized:
+            return {"cb_max_memory_percent": _cpu_cache_share()}
+        return {}
+
     def _argv(self, python: str) -> list[str]:
         cfg = self.config
         args: dict[str, Any] = {
@@ -65,10 +71,8 @@ class TransformersServerEngine(VLLMServerEngine):
             "dtype": cfg.dtype,
             "default_seed": cfg.seed,
             "continuous_batching": self.continuous_batching,
+            **self.defaults,
         }
-        sized = {"cb_max_memory_percent", "cb_num_blocks"} & set(cfg.engine_args)
-        if self.cpu and self.continuous_batching and not sized:
-            args["cb_max_memory_percent"] = _cpu_cache_share()
         args.update(cfg.engine_args)
         for reserved in RESERVED:
             if reserved in args:

@@ -44,6 +44,7 @@ from engines.base import (
     SpecCounters,
 )
 from engines.handover import DELIVERY_S, Pending
+from engines.local_model import has_chat_template, prompt_ids
 from engines.vllm_metrics import StatsTap
 from engines.vllm_setup import (
     engine_kwargs,
@@ -139,7 +140,7 @@ class VLLMEngine(Engine):
             logger_manager = getattr(self._llm.llm_engine, "logger_manager", None)
             self._tapped = self._tap.install(logger_manager)
             tok = self._llm.get_tokenizer()
-            self._has_template = bool(getattr(tok, "chat_template", None))
+            self._has_template = has_chat_template(tok)
         except BaseException as e:  # noqa: BLE001 - reported to start()
             if self._llm is not None:
                 with contextlib.suppress(BaseException):
@@ -328,17 +329,8 @@ class VLLMEngine(Engine):
             gc.collect()
 
     def _encode(self, request: Request) -> list[int]:
-        """Prompt token ids: chat template for messages when the tokenizer has one."""
-        if request.prompt_token_ids is not None:  # a synthetic workload's exact ids
-            return list(request.prompt_token_ids)
-        tok = self._llm.get_tokenizer()
-        if request.messages is not None:
-            msgs = [dict(m) for m in request.messages]
-            if self._has_template:
-                text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-                return list(tok.encode(text, add_special_tokens=False))
-            return list(tok.encode("\n".join(m.get("content", "") for m in msgs)))
-        return list(tok.encode(request.prompt or ""))
+        """Prompt token ids (engines/local_model.py: the HF engine's rule too)."""
+        return prompt_ids(self._llm.get_tokenizer(), request)[0]
 
     async def _call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the stepping thread (between steps) and await its result."""

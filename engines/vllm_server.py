@@ -37,18 +37,13 @@ from engines.base import (
 )
 from engines.http_flags import ManagedServerFlags
 from engines.openai import OpenAIEngine
-from engines.vllm_setup import check_schedule, per_request_spec_metrics
+from engines.vllm_setup import check_schedule, cpu_defaults, per_request_spec_metrics
 from workloads.base import Request
 
 # options of this engine; the rest of OPENAI_PASSTHROUGH reach the inner OpenAIEngine
 OPTIONS = ("log_path", "start_timeout", "kill_grace", "python")
 OPENAI_PASSTHROUGH = ("request_timeout", "endpoint", "max_concurrency", "extra_body")
 VERSION_SHIM = str(Path(__file__).with_name("_vllm_version"))
-CPU_DEFAULTS: dict[str, Any] = {
-    "enforce_eager": True,
-    "max_model_len": 2048,
-    "kv_cache_memory_bytes": 1 << 30,  # else vLLM-CPU reserves 92% of the node's memory
-}
 SECRET_FLAGS = ("--api-key",)
 
 
@@ -146,6 +141,7 @@ class VLLMServerEngine(ManagedServerFlags, Engine):
         self.cpu = config.device == "cpu" or (config.device == "auto" and is_cpu_build())
         self.port = free_port()
         self.log_path: str | None = opts.get("log_path")
+        self.defaults = self._defaults()
         self.argv = self._argv(str(opts.get("python") or sys.executable))
         self.proc: subprocess.Popen[bytes] | None = None
         self.inner: OpenAIEngine | None = None
@@ -224,6 +220,7 @@ class VLLMServerEngine(ManagedServerFlags, Engine):
             "log_path": self.log_path,
             "port": self.port,
             "cpu_defaults": self.cpu,
+            "defaults_chosen": dict(self.defaults),
             "kill_grace_s": self.kill_grace,
             **{k: v for k, v in inner.items() if k not in ("base_urls", "api_key_env")},
         }
@@ -296,9 +293,14 @@ class VLLMServerEngine(ManagedServerFlags, Engine):
         opts["api_key_env"] = "VLLM_SERVER_NO_KEY"  # never send the user's OPENAI_API_KEY
         return EngineConfig(engine="openai", model=config.model, seed=config.seed, options=opts)
 
+    def _defaults(self) -> dict[str, Any]:
+        """Settings chosen for the user (recorded): on CPU, the in-process engine's
+        (``vllm_setup.cpu_defaults``), so that server and in-process run one configuration."""
+        return cpu_defaults(self.config.model, self.config.engine_args) if self.cpu else {}
+
     def _argv(self, python: str) -> list[str]:
         cfg = self.config
-        args: dict[str, Any] = dict(CPU_DEFAULTS) if self.cpu else {}
+        args: dict[str, Any] = dict(self.defaults)
         args.update({"seed": cfg.seed, "dtype": cfg.dtype})
         if cfg.prefix_cache == "off":
             args["enable_prefix_caching"] = False

