@@ -8,7 +8,7 @@ Two figures that a 2-core CPU machine cannot show through an engine's tok/s:
   what the simulated core spent inside ``step()``). It does not depend on the machine's noise.
 - **Slowdown of the stepping loop**: the mean time from one ``step()`` start to the next with the
   harness streaming every request, over the same with a raw loop that only steps and keeps the
-  token ids (``VLLMEngine.generate_batch(streamed=True)``). Each step holds the GIL for a set
+  token ids (``bench.vllm_raw.generate_batch(streamed=True)``). Each step holds the GIL for a set
   share of its time and sleeps the rest, as a GPU engine waits on its device; the harness slows
   the loop only where its own work takes the GIL from the stepping thread, or runs on that thread.
 
@@ -26,6 +26,7 @@ from typing import Any
 
 from bench.common import Headline, Result, med, median_ci, now, ratio_headline, table
 from bench.stepsim import StepSimEngine
+from bench.vllm_raw import generate_batch
 
 BUDGET_US = 5.0  # harness CPU per output token
 BUDGET_SLOWDOWN = 1.02  # stepping-loop period, harness / raw, at 256 tokens per 15 ms
@@ -70,7 +71,7 @@ async def _round(engine: StepSimEngine, reqs: list[Any], cell: Cell, harness: bo
     from harness.runner import Runner
 
     core = engine.core
-    await engine._call(core.reset_stats)  # on the stepping thread, between steps
+    await engine.call_on_stepper(lambda _: core.reset_stats())  # between steps
     params = GenParams(max_new_tokens=cell.steps, ignore_eos=True)
     s0, l0, t0 = engine.stepper_cpu(), time.thread_time(), now()
     if harness:
@@ -79,11 +80,13 @@ async def _round(engine: StepSimEngine, reqs: list[Any], cell: Cell, harness: bo
         assert not bad, bad[:3]
         tokens = sum(r.output_tokens for r in recs)
     else:
-        ids = await engine.generate_batch(reqs, params, streamed=True)
+        ids = await generate_batch(engine, reqs, params, streamed=True)
         tokens = sum(len(x) for x in ids)
     dt, loop = now() - t0, time.thread_time() - l0
     stepper = engine.stepper_cpu() - s0
-    stats = await engine._call(lambda: (list(core.starts), core.cpu_in_step, core.tokens))
+    stats = await engine.call_on_stepper(
+        lambda _: (list(core.starts), core.cpu_in_step, core.tokens)
+    )
     starts, in_step, made = stats
     assert made == tokens, (made, tokens)
     period = (starts[-1] - starts[0]) / (len(starts) - 1) if len(starts) > 1 else float("nan")

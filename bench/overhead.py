@@ -4,7 +4,7 @@ median of interleaved pairs.
 
 - HF, latency: Runner ``Synchronous()`` vs a loop of ``engine.model.generate`` (no streamer).
 - vLLM, throughput: Runner ``Concurrent(len(prompts))`` vs one ``llm.generate(all prompts)``
-  (``VLLMEngine.generate_batch``); and, to split the gap, vs the same requests stepped with the
+  (``bench.vllm_raw.generate_batch``); and, to split the gap, vs the same requests stepped with the
   DELTA outputs that streaming needs (``generate_batch(streamed=True)``): what is left against
   that row is the harness's own cost, the rest is what vLLM spends to stream.
 - vLLM, latency: Runner ``Synchronous()`` vs a loop of ``llm.generate([p])``.
@@ -182,10 +182,11 @@ def why(facts: list[dict[str, Any]]) -> list[str]:
 
 def _vllm_batch(engine: Any, reqs: list[Any], params: Any, *, streamed: bool) -> Side:
     """The raw vLLM side: all requests in one ``generate_batch`` call, timed around it."""
+    from bench.vllm_raw import generate_batch
 
     async def go() -> tuple[float, list[list[int]]]:
         t0 = now()
-        ids = await engine.generate_batch(reqs, params, streamed=streamed)
+        ids = await generate_batch(engine, reqs, params, streamed=streamed)
         return now() - t0, ids
 
     return go
@@ -216,6 +217,7 @@ async def _vllm_scaled(model: str, quick: bool, pairs: int, tokens: int) -> list
 
 
 async def _vllm(model: str, quick: bool, pairs: int, tokens: int) -> list[Measured]:
+    from bench.vllm_raw import generate_batch
     from engines.base import EngineConfig, GenParams
     from engines.vllm import VLLMEngine
     from harness.load import Concurrent, Synchronous
@@ -229,7 +231,7 @@ async def _vllm(model: str, quick: bool, pairs: int, tokens: int) -> list[Measur
 
         async def raw_loop() -> tuple[float, list[list[int]]]:
             t0 = now()
-            ids = [(await engine.generate_batch([r], params))[0] for r in one]
+            ids = [(await generate_batch(engine, [r], params))[0] for r in one]
             return now() - t0, ids
 
         tp = _harness_side(engine, reqs, params, Concurrent(len(reqs)))

@@ -132,7 +132,7 @@ class StepSimEngine(VLLMEngine):
     def _load(self) -> SimLLM:
         return SimLLM(self.core)
 
-    def _sampling_params(self, request: Request, params: GenParams, delta: bool) -> Any:
+    def sampling_params(self, request: Request, params: GenParams, delta: bool) -> Any:
         return types.SimpleNamespace(max_tokens=request.max_new_tokens or params.max_new_tokens)
 
     def describe(self) -> Mapping[str, Any]:

@@ -5,14 +5,13 @@
 runner passed to ``stream`` (when the ids are on the host) and hands them to the event loop at
 most every ``DELIVERY_S``: one cross-thread wake-up per token cost 10-15% of a tiny model's
 decode speed on 2 cores (bench/RESULTS.md, section 1). Each hand-over becomes one chunk per
-request with a stamp per step (``Chunk.times``), not a chunk per token (engines/handover.py).
+request with a stamp per step (``Chunk.times``), not a chunk per token (engines/hf_stream.py).
 ``step_costs`` is a separate micro-measurement, called outside runs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import dataclasses
 import gc
@@ -32,65 +31,17 @@ from engines.base import (
     SpecCounters,
     UnsupportedError,
 )
-from engines.handover import DELIVERY_S
 from engines.hf_spec import (
     SPEC_METHODS,
     AcceptanceCounter,
+    len_hint,
     patch_candidate_generator,
     spec_settings,
 )
+from engines.hf_stream import END, ERROR, Steps, request_chunk, streamer_class
 from engines.local_model import missing_path, prompt_ids
 
 _DTYPES = ("float32", "float16", "bfloat16")
-_END, _TOKENS, _ERROR = "end", "tokens", "error"
-Steps = list[tuple[list[int], "float | None"]]  # a hand-over: each step's ids and its stamp
-
-
-class _QueueStreamer:
-    """A ``BaseStreamer``: skips the prompt, stamps each put's token ids, and hands them to the
-    event loop as lists of ``(ids, t)``: at once when unstamped (no clock), else at most every
-    ``DELIVERY_S`` and before the end or an error."""
-
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, clock: Clock | None
-    ) -> None:
-        self._loop, self._queue, self._clock = loop, queue, clock
-        self._prompt_seen = False
-        self._pending: list[tuple[list[int], float | None]] = []
-        self._sent_at: float | None = None
-
-    def push(self, kind: str, value: Any = None) -> None:
-        if kind != _TOKENS:
-            self._flush()  # tokens before the end or the error
-        with contextlib.suppress(RuntimeError):  # the consumer's loop is gone: nobody listens
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, (kind, value))
-
-    def put(self, value: Any) -> None:
-        if not self._prompt_seen:
-            self._prompt_seen = True
-            return
-        # .tolist() materializes the ids on the host (a device sync on CUDA) before the stamp.
-        # Shapes: (B,) per plain step, (1, n) per assisted step.
-        ids = value.tolist()
-        t = self._clock() if self._clock is not None else None
-        self._pending.append((ids[0] if value.dim() == 2 else ids, t))
-        if t is None or self._sent_at is None or t - self._sent_at >= DELIVERY_S:
-            self._sent_at = t
-            self._flush()
-
-    def _flush(self) -> None:
-        if self._pending:
-            batch, self._pending = self._pending, []
-            self.push(_TOKENS, batch)
-
-    def end(self) -> None:
-        self.push(_END)
-
-
-def _streamer_class() -> type:
-    from transformers.generation.streamers import BaseStreamer
-
-    return type("QueueStreamer", (_QueueStreamer, BaseStreamer), {})
 
 
 class HFEngine(Engine):
@@ -293,9 +244,9 @@ class HFEngine(Engine):
                     **extra,
                 )
         except BaseException as e:  # forwarded to the generator, re-raised there
-            streamer.push(_ERROR, e)
+            streamer.push(ERROR, e)
         finally:
-            streamer.push(_END)
+            streamer.push(END)
 
     async def _generate(
         self, rows: list[list[int]], params: GenParams, max_new: int, clock: Clock | None
@@ -313,7 +264,7 @@ class HFEngine(Engine):
         mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        streamer = _streamer_class()(loop, queue, clock)
+        streamer = streamer_class()(loop, queue, clock)
         stop = threading.Event()
         inputs = {"input_ids": ids, "attention_mask": mask}
         thread = threading.Thread(
@@ -323,9 +274,9 @@ class HFEngine(Engine):
         try:
             while True:
                 kind, value = await queue.get()
-                if kind == _END:
+                if kind == END:
                     return
-                if kind == _ERROR:
+                if kind == ERROR:
                     raise value
                 yield value
         finally:
@@ -349,7 +300,9 @@ class HFEngine(Engine):
                     sizes.append(len(new))
             if len(out) > n0:
                 first = n0 == 0
-                yield _chunk(out[n0:], times, sizes, len(ids) if first else None, chat, first)
+                yield request_chunk(
+                    out[n0:], times, sizes, len(ids) if first else None, chat, first
+                )
         # the text once, decoded whole: a byte-level token split across chunks decodes right
         if out:
             yield Chunk(text=self.tokenizer.decode(out, skip_special_tokens=True))
@@ -383,7 +336,9 @@ class HFEngine(Engine):
                     prompt = len(encoded[i][0]) if first else None
                     yield (
                         i,
-                        _chunk(outs[i][n0[i] :], ts, [1] * len(ts), prompt, encoded[i][1], first),
+                        request_chunk(
+                            outs[i][n0[i] :], ts, [1] * len(ts), prompt, encoded[i][1], first
+                        ),
                     )
             if all(done):
                 break
@@ -430,29 +385,3 @@ class HFEngine(Engine):
             "draft_step_s": draft,
             "c": None if draft is None else draft / target,
         }
-
-
-def _chunk(
-    ids: list[int],
-    times: list[float],
-    sizes: list[int],
-    prompt: int | None,
-    chat: bool,
-    first: bool,
-) -> Chunk:
-    """One request's tokens of one hand-over: a stamp per step when there are several."""
-    many = len(times) > 1
-    return Chunk(
-        tuple(ids),
-        t=times[-1],
-        times=tuple(times) if many else (),
-        sizes=tuple(sizes) if many else (),
-        prompt_tokens=prompt,
-        info={"chat_template": chat} if first else None,
-    )
-
-
-def len_hint(spec: Mapping[str, Any] | None) -> int:
-    """accepted_per_pos length to start with: K (it grows if more tokens are drafted)."""
-    k = (spec or {}).get("num_speculative_tokens")
-    return k if isinstance(k, int) and k > 0 and not (spec or {}).get("hf_defaults") else 0

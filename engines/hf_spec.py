@@ -124,3 +124,9 @@ def spec_settings(spec: Mapping[str, Any] | None) -> dict[str, Any]:
         raise EngineError(f"hf engine: prompt_lookup_max must be >= 1, got {n!r}")
     # HF has no minimum n-gram size: prompt_lookup_min is ignored (it tries max..1).
     return {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": n or 2}
+
+
+def len_hint(spec: Mapping[str, Any] | None) -> int:
+    """accepted_per_pos length to start with: K (it grows if more tokens are drafted)."""
+    k = (spec or {}).get("num_speculative_tokens")
+    return k if isinstance(k, int) and k > 0 and not (spec or {}).get("hf_defaults") else 0

@@ -16,12 +16,10 @@ import asyncio
 import itertools
 import json
 import logging
-import os
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
-from urllib.parse import urlparse
 
 import aiohttp
 
@@ -38,42 +36,21 @@ from engines.base import (
     SpecCounters,
 )
 from engines.http_flags import OpenAIFlags
+from engines.openai_options import (
+    ENDPOINTS,
+    OPTIONS,
+    read_api_key,
+    split_base_url,
+    validate_options,
+)
 from engines.sse import DONE, RequestFailed, StreamEnd, parse_event, sse_events
 from workloads.base import Request
 
-# option -> accepted types (None = may be left unset)
-OPTIONS: dict[str, tuple[type, ...]] = {
-    "base_urls": (list, tuple),
-    "api_key_env": (str,),
-    "api_key_file": (str,),
-    "served_model": (str,),
-    "endpoint": (str, type(None)),
-    "request_timeout": (int, float),
-    "max_concurrency": (int, type(None)),
-    "vllm_extras": (bool, type(None)),
-    "extra_body": (dict,),
-}
-ENDPOINTS = {"completions": "/completions", "chat": "/chat/completions"}
 READ_BUFSIZE = 1 << 24  # 16 MiB; lines are split by hand anyway, so no line-length limit
 START_TIMEOUT = 30.0
 KEEPALIVE_S = 4.0  # below uvicorn's 5 s, so a pooled connection is never one the server closed
 
 log = logging.getLogger(__name__)
-
-
-def split_base_url(url: str) -> tuple[str, str]:
-    """``http://h:p/v1`` or ``http://h:p`` -> (root ``http://h:p``, api ``http://h:p/v1``)."""
-    url = url.rstrip("/")
-    root = url[: -len("/v1")] if url.endswith("/v1") else url
-    return root, root + "/v1"
-
-
-def _check_url(url: Any) -> None:
-    if not isinstance(url, str):
-        raise EngineError(f"base_urls: {url!r} is not a string")
-    u = urlparse(url)
-    if u.scheme not in ("http", "https") or not u.netloc:
-        raise EngineError(f"base_urls: {url!r} is not an http(s) URL")
 
 
 def _load_tokenizer(name: str | None) -> Any:
@@ -116,7 +93,7 @@ class OpenAIEngine(OpenAIFlags, Engine):
         self.vllm_extras: bool | None = opts.get("vllm_extras")
         self.extra_body: dict[str, Any] = dict(opts.get("extra_body") or {})
         self.server_version: str | None = None
-        self._api_key = self._read_key()
+        self._api_key = read_api_key(opts)
         self._session: aiohttp.ClientSession | None = None
         self._rr = itertools.count()
         self._spec: SpecCounters | None = None
@@ -128,26 +105,7 @@ class OpenAIEngine(OpenAIFlags, Engine):
     # ---- protocol --------------------------------------------------------------------------
     @classmethod
     def validate(cls, config: EngineConfig) -> None:
-        opts = config.options
-        unknown = sorted(set(opts) - set(OPTIONS))
-        if unknown:
-            raise EngineError(f"openai: unknown options {unknown}; known: {sorted(OPTIONS)}")
-        for key, value in opts.items():
-            types = OPTIONS[key]
-            if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-                raise EngineError(f"openai: option {key}={value!r} has the wrong type")
-        urls = opts.get("base_urls")
-        if not urls:
-            raise EngineError("openai: options.base_urls is required (a list of server URLs)")
-        for url in urls:
-            _check_url(url)
-        if opts.get("endpoint") not in (None, *ENDPOINTS):
-            raise EngineError(f"openai: endpoint must be one of {sorted(ENDPOINTS)} or null")
-        if float(opts.get("request_timeout", 600)) <= 0:
-            raise EngineError("openai: request_timeout must be > 0")
-        key_file = opts.get("api_key_file")
-        if key_file is not None and not Path(key_file).is_file():
-            raise EngineError(f"openai: api_key_file {key_file} does not exist")
+        validate_options(config.options)
 
     async def start(self) -> None:
         n = self.max_concurrency
@@ -375,14 +333,6 @@ class OpenAIEngine(OpenAIFlags, Engine):
             return None
 
     # ---- helpers ---------------------------------------------------------------------------
-    def _read_key(self) -> str | None:
-        opts = self.config.options
-        if opts.get("api_key_file"):
-            key = Path(opts["api_key_file"]).read_text().strip()
-        else:
-            key = os.environ.get(opts.get("api_key_env", "OPENAI_API_KEY"), "").strip()
-        return key or None
-
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
 

@@ -28,7 +28,7 @@ import itertools
 import os
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, ClassVar
 
 from engines.base import (
@@ -45,14 +45,9 @@ from engines.base import (
 )
 from engines.handover import DELIVERY_S, Pending
 from engines.local_model import has_chat_template, prompt_ids
+from engines.vllm_messages import Abort, Add, Call, Command, Step, Stop
 from engines.vllm_metrics import StatsTap
-from engines.vllm_setup import (
-    engine_kwargs,
-    free_dist_state,
-    keep_dist_state,
-    patch_kernel_rebinding,
-    validate_config,
-)
+from engines.vllm_setup import build_llm, free_dist_state, keep_dist_state, validate_config
 
 # Must be set before vLLM is imported: the engine core then runs in this process.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -60,7 +55,6 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 _ALIVE: set[int] = set()  # ids of this process's engines that hold vLLM's process-wide state
-Step = tuple[Sequence[Any], "float | None"]  # one step's RequestOutputs and its stamp
 
 
 class VLLMEngine(Engine):
@@ -76,7 +70,7 @@ class VLLMEngine(Engine):
         self.config = config
         self._llm: Any = None
         self._thread: threading.Thread | None = None
-        self._cmds: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._cmds: queue.SimpleQueue[Command] = queue.SimpleQueue()
         # the event loop's side: its loop, the clock to stamp with, each request's Pending
         self._loop: asyncio.AbstractEventLoop | None = None
         self._clock: Clock | None = None
@@ -165,12 +159,12 @@ class VLLMEngine(Engine):
                 cmd = self._cmds.get_nowait()
             except queue.Empty:
                 break
-            if cmd[0] == "add":
-                self._post(self._fail_one, cmd[1], error)
-            elif cmd[0] == "call":
-                cmd[2].set_exception(error)
-            elif cmd[0] == "stop":
-                cmd[1].set_result(None)
+            if isinstance(cmd, Add):
+                self._post(self._fail_one, cmd.rid, error)
+            elif isinstance(cmd, Call):
+                cmd.done.set_exception(error)
+            elif isinstance(cmd, Stop):
+                cmd.done.set_result(None)
         try:
             self._shutdown()
         except BaseException as e:  # noqa: BLE001 - reported to close()
@@ -183,20 +177,7 @@ class VLLMEngine(Engine):
     def _load(self) -> Any:
         """Build vLLM's ``LLM`` on the stepping thread. bench/stepsim.py overrides this with a
         step simulator of the same shape (``llm_engine.step()`` & co.)."""
-        from vllm import LLM
-
-        self._kwargs, self._defaults = engine_kwargs(self.config)
-        patched = patch_kernel_rebinding()
-        llm = LLM(**self._kwargs)
-        mc = llm.llm_engine.model_config
-        cc = llm.llm_engine.vllm_config.cache_config
-        self._facts = {
-            "dtype": str(mc.dtype),
-            "max_model_len": mc.max_model_len,
-            "enable_prefix_caching": bool(cc.enable_prefix_caching),
-        }
-        if patched:
-            self._facts["workarounds"] = [patched]
+        llm, self._kwargs, self._defaults, self._facts = build_llm(self.config)
         return llm
 
     def _serve(self) -> concurrent.futures.Future[None]:
@@ -214,8 +195,8 @@ class VLLMEngine(Engine):
                         cmd = self._cmds.get_nowait()
                     except queue.Empty:
                         break
-                if cmd[0] == "stop":
-                    return cmd[1]
+                if isinstance(cmd, Stop):
+                    return cmd.done
                 self._handle(cmd)
                 cmd = None
             if not engine.has_unfinished_requests():
@@ -225,7 +206,7 @@ class VLLMEngine(Engine):
                 continue
             clock = self._clock
             t = clock() if clock is not None else None  # the step's outputs exist now
-            self._steps.append((outs, t))
+            self._steps.append(Step(outs, t))
             ended = [o.request_id for o in outs if o.finished]
             if ended:
                 self._live.difference_update(ended)
@@ -249,8 +230,9 @@ class VLLMEngine(Engine):
         """On the event loop: file each output into its request's Pending; wake the requests
         that ended, and every request with outputs once ``DELIVERY_S`` has passed."""
         streams = self._streams
-        for outs, t in steps:
-            for o in outs:
+        for step in steps:
+            t = step.t
+            for o in step.outputs:
                 p = streams.get(o.request_id)
                 if p is None:  # aborted
                     continue
@@ -270,7 +252,7 @@ class VLLMEngine(Engine):
                     if spec is not None:  # this request's own acceptance (on its last output)
                         p.info = {"spec_decode": spec.to_dict()}  # per_request_spec_decode_metrics
                     p.wake()
-        t = steps[-1][1]
+        t = steps[-1].t
         if t is None or self._woken_at is None or t - self._woken_at >= DELIVERY_S:
             self._woken_at = t
             for p in streams.values():
@@ -285,32 +267,39 @@ class VLLMEngine(Engine):
         for p in self._streams.values():
             p.fail(exc)
 
-    def _handle(self, cmd: tuple[Any, ...]) -> None:
-        kind = cmd[0]
-        if kind == "add":
-            _, rid, request, sp = cmd
+    def _handle(self, cmd: Command) -> None:
+        if isinstance(cmd, Add):
             try:
-                self._add(rid, request, sp)
-                self._live.add(rid)
+                self.add_request(cmd.rid, cmd.request, cmd.sampling)
+                self._live.add(cmd.rid)
             except Exception as e:  # noqa: BLE001 - this request fails, the engine goes on
-                self._post(self._fail_one, rid, e)
-        elif kind == "abort":
-            if cmd[1] in self._live:
-                self._live.discard(cmd[1])
-                self._llm.llm_engine.abort_request([cmd[1]])
-        elif kind == "call":
-            _, fn, fut = cmd
+                self._post(self._fail_one, cmd.rid, e)
+        elif isinstance(cmd, Abort):
+            if cmd.rid in self._live:
+                self._live.discard(cmd.rid)
+                self._llm.llm_engine.abort_request([cmd.rid])
+        elif isinstance(cmd, Call):
             try:
-                fut.set_result(fn())
+                cmd.done.set_result(cmd.fn(self._llm))
             except BaseException as e:  # noqa: BLE001 - reported to the caller
-                fut.set_exception(e)
+                cmd.done.set_exception(e)
 
-    def _add(self, rid: str, request: Request, sp: Any) -> None:
-        prompt: dict[str, Any] = {"prompt_token_ids": self._encode(request)}
+    def prompt_input(self, request: Request) -> dict[str, Any]:
+        """What vLLM is given as the prompt: token ids (engines/local_model.py's rule, the HF
+        engine's too) and the request's cache salt."""
+        ids, _ = prompt_ids(self._llm.get_tokenizer(), request)
+        prompt: dict[str, Any] = {"prompt_token_ids": ids}
         if request.cache_salt:
             prompt["cache_salt"] = request.cache_salt
+        return prompt
+
+    def add_request(self, rid: str, request: Request, sampling: Any) -> None:
+        """Add a request to the engine: on the stepping thread only (see module docstring)."""
+        prompt = self.prompt_input(request)
         preprocess = getattr(self._llm, "_preprocess_cmpl_one", None)
-        self._llm.llm_engine.add_request(rid, preprocess(prompt) if preprocess else prompt, sp)
+        self._llm.llm_engine.add_request(
+            rid, preprocess(prompt) if preprocess else prompt, sampling
+        )
 
     def _fail_all(self, exc: BaseException) -> None:
         self._flush()  # the tokens made before the failure reach their records first
@@ -328,22 +317,19 @@ class VLLMEngine(Engine):
             del llm
             gc.collect()
 
-    def _encode(self, request: Request) -> list[int]:
-        """Prompt token ids (engines/local_model.py: the HF engine's rule too)."""
-        return prompt_ids(self._llm.get_tokenizer(), request)[0]
-
-    async def _call(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` on the stepping thread (between steps) and await its result."""
+    async def call_on_stepper(self, fn: Callable[[Any], Any]) -> Any:
+        """Run ``fn(llm)`` on the stepping thread (between steps) and await its result."""
         if self._thread is None:
             raise EngineError("vllm: engine not started")
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self._cmds.put(("call", fn, fut))
+        self._cmds.put(Call(fn, fut))
         if self._dead is not None:
             raise self._dead
         return await asyncio.wrap_future(fut)
 
     # ---- requests ---------------------------------------------------------------------------
-    def _sampling_params(self, request: Request, params: GenParams, delta: bool) -> Any:
+    def sampling_params(self, request: Request, params: GenParams, delta: bool) -> Any:
+        """vLLM's ``SamplingParams``; ``delta``: each output carries only the new tokens."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -365,9 +351,9 @@ class VLLMEngine(Engine):
         self._loop = asyncio.get_running_loop()
         self._clock = clock  # one runner at a time: its clock stamps every step
         rid = f"{request.id}#{next(self._ids)}"
-        sp = self._sampling_params(request, params, delta=True)
+        sp = self.sampling_params(request, params, delta=True)
         pending = self._streams[rid] = Pending()
-        self._cmds.put(("add", rid, request, sp))
+        self._cmds.put(Add(rid, request, sp))
         try:
             if self._dead is not None:
                 raise self._dead
@@ -377,35 +363,7 @@ class VLLMEngine(Engine):
         finally:
             del self._streams[rid]
             if not (pending.done or pending.error) and self._thread is not None:
-                self._cmds.put(("abort", rid))
-
-    async def generate_batch(
-        self, requests: Sequence[Request], params: GenParams, *, streamed: bool = False
-    ) -> list[list[int]]:
-        """The raw paths (bench/overhead.py). ``streamed=False``: one plain ``llm.generate`` over
-        all prompts. ``streamed=True``: the same requests stepped with the DELTA outputs that
-        :meth:`stream` asks for, nothing handed to the event loop: streaming's cost in vLLM."""
-
-        def run() -> list[list[int]]:
-            engine = self._llm.llm_engine
-            if engine.has_unfinished_requests():
-                raise EngineError("vllm: generate_batch needs an idle engine")
-            if not streamed:
-                prompts = [{"prompt_token_ids": self._encode(r)} for r in requests]
-                sps = [self._sampling_params(r, params, delta=False) for r in requests]
-                outs = self._llm.generate(prompts, sps, use_tqdm=False)
-                return [list(o.outputs[0].token_ids) for o in outs]
-            ids: dict[str, list[int]] = {}
-            for r in requests:
-                rid = f"raw-{next(self._ids)}"
-                self._add(rid, r, self._sampling_params(r, params, delta=True))
-                ids[rid] = []
-            while engine.has_unfinished_requests():
-                for out in engine.step():
-                    ids[out.request_id].extend(out.outputs[0].token_ids)
-            return list(ids.values())
-
-        return await self._call(run)
+                self._cmds.put(Abort(rid))
 
     # ---- counters & lifecycle ---------------------------------------------------------------
     def spec_counters(self) -> SpecCounters | None:
@@ -419,7 +377,7 @@ class VLLMEngine(Engine):
 
     async def reset_prefix_cache(self) -> str:
         """Empty the prefix cache between runs (idle engine: nothing holds a block)."""
-        ok = await self._call(lambda: self._llm.reset_prefix_cache())
+        ok = await self.call_on_stepper(lambda llm: llm.reset_prefix_cache())
         return "reset" if ok else "reset refused by vLLM (blocks in use)"
 
     def max_batch(self) -> int | None:
@@ -430,7 +388,7 @@ class VLLMEngine(Engine):
         if thread is None:
             return
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._cmds.put(("stop", done))
+        self._cmds.put(Stop(done))
         await asyncio.to_thread(thread.join)  # the thread shuts the engine down before it ends
         if done.done() and done.exception() is not None:
             raise EngineError(f"vllm: shutdown failed: {done.exception()}")

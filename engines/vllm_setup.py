@@ -119,6 +119,26 @@ def engine_kwargs(cfg: EngineConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     return kwargs, defaults
 
 
+def build_llm(cfg: EngineConfig) -> tuple[Any, dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """``vllm.LLM`` built for ``cfg``, with its kwargs, the defaults chosen and what it settled
+    on (dtype, context, prefix caching, workarounds applied), for describe()."""
+    from vllm import LLM
+
+    kwargs, defaults = engine_kwargs(cfg)
+    patched = patch_kernel_rebinding()
+    llm = LLM(**kwargs)
+    mc = llm.llm_engine.model_config
+    cc = llm.llm_engine.vllm_config.cache_config
+    facts: dict[str, Any] = {
+        "dtype": str(mc.dtype),
+        "max_model_len": mc.max_model_len,
+        "enable_prefix_caching": bool(cc.enable_prefix_caching),
+    }
+    if patched:
+        facts["workarounds"] = [patched]
+    return llm, kwargs, defaults, facts
+
+
 @functools.cache
 def per_request_spec_metrics() -> bool:
     """Whether the installed vLLM reports speculative acceptance per request (0.32 has

@@ -1,4 +1,5 @@
-"""Shared fixtures: the shipped models (built or assembled once, never per test).
+"""Shared fixtures: the shipped models (built or assembled once, never per test), and the
+managed servers on them (started once, shared by every module: tests/servers.py).
 
 ``tiny_pair`` is the 1M-parameter test pair (seconds per engine); ``smollm2`` the default family
 (SmolLM2-135M-Instruct, its draft and EAGLE-3 head), assembled by bin/setup from PyPI's wheel.
@@ -6,9 +7,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.servers import ServerPool
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -36,3 +43,26 @@ def smollm2() -> dict[str, str]:
 
     models.ensure_family("smollm2", progress=False)
     return {k: str(models.model_path("smollm2", k)) for k in models.smollm2_kinds()}
+
+
+@pytest.fixture(scope="session")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """One event loop for the session: the shared servers' HTTP sessions live on it."""
+    lp = asyncio.new_event_loop()
+    yield lp
+    lp.close()
+
+
+@pytest.fixture(scope="session")
+def managed_servers(
+    loop: asyncio.AbstractEventLoop,
+    tmp_path_factory: pytest.TempPathFactory,
+    tiny_pair: tuple[str, str],
+) -> Iterator[ServerPool]:
+    """``managed_servers.get("vllm-base", ...)``: servers on the tiny pair (tests/servers.py),
+    closed and checked gone at the session's end."""
+    from tests.servers import ServerPool
+
+    pool = ServerPool(loop, tiny_pair, tmp_path_factory.mktemp("servers"))
+    yield pool
+    pool.close_all()

@@ -154,17 +154,17 @@ def test_stamped_stream_is_delivered_in_batches(
     exist, and reach the event loop in batches (far fewer wake-ups than tokens)."""
     import time
 
-    from engines import hf
+    from engines import hf_stream
 
     pushes: list[str] = []
-    orig = hf._QueueStreamer.push
+    orig = hf_stream.QueueStreamer.push
 
     def push(self, kind, value=None):
         pushes.append(kind)
         orig(self, kind, value)
 
-    monkeypatch.setattr(hf._QueueStreamer, "push", push)
-    monkeypatch.setattr(hf, "DELIVERY_S", 10.0)  # one batch for the whole request
+    monkeypatch.setattr(hf_stream.QueueStreamer, "push", push)
+    monkeypatch.setattr(hf_stream, "DELIVERY_S", 10.0)  # one batch for the whole request
     eng = engines["baseline"]
 
     async def go() -> tuple[float, list, float]:

@@ -1,16 +1,15 @@
 """A second real server: ``transformers serve`` started by TransformersServerEngine on the tiny
 pair's target, over loopback, driven by the plain ``openai`` engine through the runner.
 
-One server of each kind (without and with continuous batching) for the module. Their
-``/v1/models`` answers 500 here for real (the Hugging Face cache directory it scans is pointed at
-a path that does not exist), so every test also runs "with the model listing failing and the
-model named".
+One server of each kind (without and with continuous batching), from the session's shared pool
+(tests/servers.py: "ts-plain", "ts-cb"). Their ``/v1/models`` answers 500 here for real (the
+Hugging Face cache directory it scans is pointed at a path that does not exist), so every test
+also runs "with the model listing failing and the model named".
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ from engines.openai import OpenAIEngine
 from engines.transformers_server import TransformersServerCBEngine, TransformersServerEngine
 from harness.load import Concurrent, Synchronous
 from harness.runner import Runner
+from tests.servers import ServerPool
 from workloads.base import Request
 
 PROMPTS = [
@@ -32,43 +32,10 @@ N = 8
 
 
 @pytest.fixture(scope="module")
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    lp = asyncio.new_event_loop()
-    yield lp
-    lp.close()
-
-
-@pytest.fixture(scope="module")
-def servers(
-    loop: asyncio.AbstractEventLoop,
-    tmp_path_factory: pytest.TempPathFactory,
-    embedded_pair: tuple[str, str],
-) -> Iterator[dict[str, TransformersServerEngine]]:
+def servers(managed_servers: ServerPool) -> dict[str, TransformersServerEngine]:
     """Without and with continuous batching, started concurrently."""
-    tmp = tmp_path_factory.mktemp("ts")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("HF_HUB_CACHE", str(tmp / "no-cache-here"))  # -> /v1/models answers 500
-    engines: dict[str, TransformersServerEngine] = {}
-    for name, cls in (("plain", TransformersServerEngine), ("cb", TransformersServerCBEngine)):
-        cfg = EngineConfig(
-            engine=cls.name,
-            model=embedded_pair[0],
-            dtype="float32",
-            options={"log_path": str(tmp / f"{name}.log"), "start_timeout": 240},
-        )
-        engines[name] = cls(cfg)
-
-    async def start_all() -> None:
-        await asyncio.gather(*(e.start() for e in engines.values()))
-
-    try:
-        loop.run_until_complete(start_all())
-    finally:
-        mp.undo()
-    yield engines
-    for e in engines.values():
-        loop.run_until_complete(e.close())
-        assert e.proc is None
+    pool = managed_servers.get("ts-plain", "ts-cb")
+    return {"plain": pool["ts-plain"], "cb": pool["ts-cb"]}  # type: ignore[dict-item]
 
 
 @pytest.fixture(scope="module")

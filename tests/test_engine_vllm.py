@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("vllm")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
+from bench.vllm_raw import generate_batch  # noqa: E402
 from engines.base import EngineConfig, EngineError, GenParams, Request, SpecCounters  # noqa: E402
 from engines.prom import parse_metrics
 from engines.vllm import VLLMEngine  # noqa: E402
@@ -83,12 +84,12 @@ def baseline(pair: tuple[str, str]) -> dict[str, Any]:
         await engine.start()
         try:
             reqs = _requests()
-            ref = await engine.generate_batch(reqs, GREEDY)
+            ref = await generate_batch(engine, reqs, GREEDY)
             single = [await _stream_all(engine, [r]) for r in reqs[:2]]
             conc = await _stream_all(engine, reqs)
             late = await _late_join(engine)
             stamped = await _stamped(engine, reqs)
-            raw_streamed = await engine.generate_batch(reqs, GREEDY, streamed=True)
+            raw_streamed = await generate_batch(engine, reqs, GREEDY, streamed=True)
             too_long = Request(id="long", prompt="fox " * 5000)  # > max_model_len tokens
             try:
                 await _stream_all(engine, [too_long])
@@ -129,7 +130,7 @@ async def _stamped(engine: VLLMEngine, reqs: list[Request]) -> dict[str, Any]:
     orig, orig_s = engine._deliver, ev.DELIVERY_S
 
     def counting(steps: list) -> None:
-        sizes.append(sum(len(outs) for outs, _ in steps))
+        sizes.append(sum(len(step.outputs) for step in steps))
         orig(steps)
 
     engine._deliver, ev.DELIVERY_S = counting, 10.0  # only the first step and the ends go at once

