@@ -39,13 +39,13 @@ def test_every_side_refuses_the_same_missing_path(tmp_path: Any) -> None:
     from engines.vllm import VLLMEngine
     from harness.flags import build_parser
     from harness.options import UsageError
-    from harness.plan_flags import resolve_models
+    from harness.plan_flags import build_plan, resolve_models
 
     for cls in (HFEngine, VLLMEngine):
         with pytest.raises(EngineError, match="a/b/c"):
             cls.validate(EngineConfig(cls.name, "a/b/c"))
     with pytest.raises(UsageError, match="--model: a/b/c: no such file"):
-        resolve_models(build_parser().parse_args(["--model", "a/b/c"]))
+        resolve_models(build_plan(build_parser().parse_args(["--model", "a/b/c"]), "a/b/c", None))
     assert not missing_path(str(tmp_path)) and not missing_path(None)
 
 
