@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,10 +83,13 @@ class ServerPool:
     def _start(self, configs: dict[str, EngineConfig], no_cache: bool) -> None:
         engines = {n: create_engine(c) for n, c in configs.items()}
         assert all(isinstance(e, VLLMServerEngine) for e in engines.values())
+
+        async def start_all() -> list[Any]:
+            starts = (e.start() for e in engines.values())
+            return list(await asyncio.gather(*starts, return_exceptions=True))
+
         with _hub_cache(self.logs / "no-cache-here" if no_cache else None):
-            results = self.loop.run_until_complete(
-                asyncio.gather(*(e.start() for e in engines.values()), return_exceptions=True)
-            )
+            results = self.loop.run_until_complete(start_all())
         for (name, engine), result in zip(engines.items(), results):
             if isinstance(result, BaseException):
                 for other in engines.values():
