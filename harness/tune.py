@@ -81,7 +81,7 @@ class Settings:
     keep_per_method: int = 2  # at most this many K per method race after the pilot
     new_per_method: int = 1  # of which at most this many start an engine (per load)
     max_engines: int = 7  # distinct arms the search may start (baseline and probes included)
-    pilot_rounds: int = 2
+    pilot_rounds: int = 1  # predictions after one round; a K joining the race still gets 3
     min_rounds: int = 3  # no decision before every live arm has this many paired rounds
     max_rounds: int = 4
     saturation_gain: float = 1.10  # a sweep stops once doubling the load gains less

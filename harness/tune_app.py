@@ -161,7 +161,7 @@ class Bench:
         self.share = share  # engines alive at once, at most (a GPU's memory is split by it)
         self.lanes: dict[Arm, Any] = {}
         self.configs: dict[Arm, dict[str, Any] | None] = {BASELINE: None}
-        self.warm: set[tuple[Arm, int]] = set()
+        self.warm: set[Arm] = set()  # --warmup requests once per engine, not per load
         self.phase = "search"
         self.runs: dict[str, list[Run]] = {"search": [], "verify": []}
         self.budget = budget
@@ -204,17 +204,19 @@ class Bench:
             if lane.engine is None:
                 continue  # did not start: the session recorded why
             cell = self.plan.cell(lane.config.engine, arm.label, point, max(rnd, 0))
-            first = (arm, load) not in self.warm
-            self.warm.add((arm, load))
+            first = arm not in self.warm
+            self.warm.add(arm)
             # the round is the block (pairing unit); point = the load's place in the sweep
             slot = Slot(INTERLEAVED, load, max(rnd, 0), position, self.session._seq)
             self.session._seq += 1
             t = time.monotonic()
             run = await self.session._run_point(lane, cell, point, first, slot)
-            if self.budget is not None:
-                self.budget.ran(arm, load, time.monotonic() - t)
+            wall = time.monotonic() - t
             self.runs[phase].append(run)
             sample = _sample(run)
+            if self.budget is not None:  # a warm-up is a one-off cost of the engine, not the run's
+                took = min(wall, sample.seconds) if first and sample else wall
+                self.budget.ran(arm, load, took, once=wall - took)
             if sample is not None:
                 out[arm] = sample
         return out

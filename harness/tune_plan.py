@@ -71,8 +71,11 @@ class TimeBudget:
         self.started.add(arm)
         self.starts.append(seconds)
 
-    def ran(self, arm: Arm, load: int, seconds: float) -> None:
+    def ran(self, arm: Arm, load: int, seconds: float, once: float = 0.0) -> None:
+        """A run's seconds; ``once``: what its engine's first use added (the warm-up)."""
         self.runs.setdefault((arm, load), []).append(seconds)
+        if once and self.starts:
+            self.starts[-1] += once
 
     @property
     def elapsed(self) -> float:
@@ -83,28 +86,32 @@ class TimeBudget:
 
     def run_s(self, arm: Arm, load: int) -> float:
         """Measured at this load; else scaled from the nearest load it ran at by the number of
-        requests (no gain from batching assumed: an overestimate); else as its method's probe,
-        else as the baseline, else ``DEFAULT_RUN_S``."""
+        requests over sqrt(load) (tokens/s assumed to grow as the square root of the load, less
+        than a memory-bound decode gains from batching); else as its method's probe, else as
+        the baseline, else ``DEFAULT_RUN_S``."""
         for a in (arm, *(b for b, _ in self.runs if b.method == arm.method), BASELINE):
             got = {lo: t for (b, lo), t in self.runs.items() if b == a and t}
             if got:
                 near = min(got, key=lambda lo: (abs(lo - load), lo))
-                mean = sum(got[near]) / len(got[near])
-                return mean * self.requests_per_run(load) / self.requests_per_run(near)
-        return DEFAULT_RUN_S * self.requests_per_run(load) / self.requests_per_run(1)
+                return sum(got[near]) / len(got[near]) * self._scale(near, load)
+        return DEFAULT_RUN_S * self._scale(1, load)
+
+    def _scale(self, a: int, b: int) -> float:
+        return self.requests_per_run(b) / self.requests_per_run(a) * (a / b) ** 0.5
 
     def need_s(self, load: int, arms: Sequence[Arm], rounds: int, later: Sequence[int]) -> float:
         """Seconds for ``rounds`` rounds of ``arms`` here, the minimum of every later load
-        (``min_rounds`` of the baseline and one arm per method) and the verification."""
+        (``min_rounds`` of the baseline and the fastest speculative arm: a decision) and the
+        verification (the baseline and twice that arm per round, one more engine)."""
         s = self.settings
         here = rounds * sum(self.run_s(a, load) for a in arms)
         here += self.start_s() * len([a for a in arms if a not in self.started])
-        per_method = {a.method: a for a in arms if a.method is not None}
-        minimum = [BASELINE, *per_method.values()]
-        rest = sum(s.min_rounds * sum(self.run_s(a, lo) for a in minimum) for lo in later)
-        spec = list(per_method.values())[:1] or [BASELINE]
+        spec = [a for a in arms if a.method is not None]
+        fast = min(spec, key=lambda a: self.run_s(a, load)) if spec else BASELINE
+        per_round = {lo: self.run_s(BASELINE, lo) + self.run_s(fast, lo) for lo in later}
+        rest = s.min_rounds * sum(per_round.values())
         verify = self.start_s() + sum(
-            self.verify_rounds * (self.run_s(BASELINE, lo) + 2 * self.run_s(spec[0], lo))
+            self.verify_rounds * (self.run_s(BASELINE, lo) + 2 * self.run_s(fast, lo))
             for lo in [load, *later]
         )
         return here + rest + verify

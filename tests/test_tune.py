@@ -216,7 +216,9 @@ def test_picks_and_best_fixed_k_from_a_search():
     assert got[4].by_method["ngram"][0] in (1, 3)  # ngram's best that beat the baseline there
     assert got[16].by_method == {}  # nothing beats the baseline at 16
     cfg, schedule, notes = build_config(list(got.values()), {"ngram": {"method": "ngram"}})
-    assert cfg["method"] == "ngram" and schedule[0] == (1, 3, 3) and schedule[-1][2] == 0
+    assert cfg["method"] == "ngram" and schedule[0][::2] == (1, 3) and schedule[-1] == (16, 16, 0)
+    k4 = got[4].by_method["ngram"][0]  # ngram's best at 4 (draft_model won there), 1.05-1.10x
+    assert [k for a, b, k in schedule if a <= 4 <= b] == [k4]
     assert best_fixed_k(results, "ngram") == 3  # 1.62, 1.10, 0.80: the best sum of logs
 
 
@@ -293,10 +295,12 @@ def test_a_method_below_one_is_measured_only_by_its_probe_and_not_above_that_loa
     costs = {"ngram": {1: 0.05, 2: 0.08, 4: 0.12}, "draft_model": {1: 1.5, 2: 2.0, 4: 3.0}}
     truth = leviathan_truth([1, 2, 4], ks, costs)
     engine = LoggedLoad(truth, seed=0)
-    results = asyncio.run(tune([1, 2, 4], {"ngram": ks, "draft_model": ks}, engine))
+    s = Settings(pilot_rounds=2)
+    results = asyncio.run(tune([1, 2, 4], {"ngram": ks, "draft_model": ks}, engine, s))
     assert results[0].below == ["draft_model"]
     assert {a for a in engine.ran[1] if a.method == "draft_model"} == {Arm("draft_model", 4)}
-    assert results[0].candidate(Arm("draft_model", 4)).rounds == 1  # far below 1: one round
+    assert results[0].candidate(Arm("draft_model", 4)).rounds == 1  # < 0.8: no 2nd pilot round
+    assert results[0].candidate(Arm("ngram", 4)).rounds >= 2
     assert not any(a.method == "draft_model" for lo in (2, 4) for a in engine.ran[lo])
     assert all(c.arm.method != "draft_model" for r in results[1:] for c in r.candidates)
 
@@ -351,16 +355,17 @@ def test_time_budget_counts_measured_times_and_the_verification():
     now = [0.0]
     b = TimeBudget(600, Settings(), 3, lambda load: max(4, 2 * load), now=lambda: now[0])
     b.engine_started(BASELINE, 20)
-    b.engine_started(Arm("ngram", 4), 20)
     b.ran(BASELINE, 1, 10.0)
-    b.ran(Arm("ngram", 4), 1, 8.0)
+    b.engine_started(Arm("ngram", 4), 20)
+    b.ran(Arm("ngram", 4), 1, 8.0, once=10.0)  # its warm-up: a one-off, counted with the start
+    assert b.start_s() == 25.0
     assert b.run_s(Arm("ngram", 2), 1) == 8.0  # as its method's probe
-    assert b.run_s(BASELINE, 4) == 20.0  # 8 requests instead of 4, no batching gain assumed
+    assert b.run_s(BASELINE, 4) == 10.0  # 8 requests instead of 4, tokens/s x sqrt(4)
     arms = [BASELINE, Arm("ngram", 4)]
-    # here 18 + later: 3 x (20 + 16) at load 4 + verify: start 20 + 3 x (10 + 16) + 3 x (20 + 32)
-    assert b.need_s(1, arms, 1, [4]) == pytest.approx(18 + 108 + 20 + 78 + 156)
+    # here 10 + 8; load 4: 3 rounds x (10 + 8); verify: a start (25) + 3 x (10 + 2 x 8) x 2 loads
+    assert b.need_s(1, arms, 1, [4]) == pytest.approx(18 + 54 + 25 + 78 + 78)
     assert b.fits(1, arms, 1, [4])
-    now[0] = 600 - 300
+    now[0] = 600 - 200
     assert not b.fits(1, arms, 1, [4])
     assert "2 engines started" in b.line(1, arms, [4])
 
