@@ -13,9 +13,8 @@ into its request's ``Pending`` and each stream takes what it has as one chunk
 the event loop: :meth:`stream` enqueues a command and the thread adds it before its next step.
 Requests added while others run join the next step (continuous batching).
 
-Spec counters: ``LLMEngine.step()`` records the step's scheduler stats (spec decoding included)
-into vLLM's Prometheus registry before it returns its outputs, so when a request's last chunk
-is delivered the counters already cover every step that produced it.
+Spec counters: ``LLMEngine.step()`` records its stats (spec decoding included) before it returns
+its outputs, so a request's last chunk arrives after the counters cover every step it used.
 """
 
 from __future__ import annotations
@@ -47,7 +46,13 @@ from engines.handover import DELIVERY_S, Pending
 from engines.local_model import has_chat_template, prompt_ids
 from engines.vllm_messages import Abort, Add, Call, Command, Step, Stop
 from engines.vllm_metrics import StatsTap
-from engines.vllm_setup import build_llm, free_dist_state, keep_dist_state, validate_config
+from engines.vllm_setup import (
+    build_llm,
+    free_dist_state,
+    keep_dist_state,
+    torch_threads_kept,
+    validate_config,
+)
 
 # Must be set before vLLM is imported: the engine core then runs in this process.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -99,9 +104,10 @@ class VLLMEngine(Engine):
         self._thread = threading.Thread(
             target=self._run, args=(ready,), name="vllm-stepper", daemon=True
         )
-        self._thread.start()
         try:
-            await asyncio.wrap_future(ready)
+            with torch_threads_kept():  # the stepping thread sets its own
+                self._thread.start()
+                await asyncio.wrap_future(ready)
         except Exception as e:
             self._thread.join()
             self._thread = None

@@ -80,9 +80,17 @@ def baseline(pair: tuple[str, str]) -> dict[str, Any]:
     """Start a baseline engine, record everything the tests check, close it."""
 
     async def go() -> dict[str, Any]:
+        import torch
+
         engine = VLLMEngine(EngineConfig(engine="vllm", model=pair[0]))
+        threads_before = torch.get_num_threads()
         await engine.start()
         try:
+            threads = {
+                "main": (threads_before, torch.get_num_threads()),
+                "stepper": await engine.call_on_stepper(lambda _llm: torch.get_num_threads()),
+                "affinity": await engine.call_on_stepper(lambda _llm: os.sched_getaffinity(0)),
+            }
             reqs = _requests()
             ref = await generate_batch(engine, reqs, GREEDY)
             single = [await _stream_all(engine, [r]) for r in reqs[:2]]
@@ -113,6 +121,7 @@ def baseline(pair: tuple[str, str]) -> dict[str, Any]:
                 "counters": engine.spec_counters(),
                 "describe": dict(engine.describe()),
                 "max_batch": engine.max_batch(),
+                "threads": threads,
             }
         finally:
             await engine.close()
@@ -234,6 +243,19 @@ def test_baseline_describe_and_counters(baseline: dict[str, Any]) -> None:
     assert d["engine_kwargs"]["speculative_config"] is None
     assert d["defaults_chosen"]["disable_log_stats"] is False
     assert d["vllm_version"] and d["platform"]
+
+
+def test_cpu_stepping_thread_unpinned_and_single_threaded(baseline: dict[str, Any]) -> None:
+    """vLLM's CPU default binds OpenMP threads to cores and steps with a worker per core; in
+    the harness's process that collapsed decoding under any background load (engines/
+    vllm_setup.py: cpu_threads). The stepper runs one unbound thread, and the process's
+    default for other threads is left as it was."""
+    t = baseline["threads"]
+    assert t["stepper"] == 1
+    assert t["affinity"] == os.sched_getaffinity(0)  # the test process's own: not pinned
+    assert t["main"][0] == t["main"][1]
+    chosen = baseline["describe"]["defaults_chosen"]
+    assert chosen["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and chosen["stepping_torch_threads"] == 1
 
 
 # ---- speculative variants -------------------------------------------------------------------
