@@ -6,3 +6,6 @@ iomp="$root/.venv/lib/libiomp5.so"
 if [ -f "$iomp" ] && [[ ":${LD_PRELOAD:-}:" != *":$iomp:"* ]]; then
   export LD_PRELOAD="$iomp${LD_PRELOAD:+:$LD_PRELOAD}"
 fi
+# Idle OpenMP workers sleep after 5 ms instead of spinning 200 ms (the value vLLM sets for its
+# own engine processes): on a shared machine a spinning worker steals the step it waits for.
+export KMP_BLOCKTIME="${KMP_BLOCKTIME:-5}"
