@@ -100,6 +100,12 @@ def build_config(
         "num_speculative_tokens": max(top, 1),  # must be > 0; the schedule says where K = 0
         SCHEDULE: [list(r) for r in schedule],
     }
+    if method != "ngram" and any(k == 0 for _, _, k in schedule):
+        notes.append(
+            f"K = 0 ranges of {method} are not speculation off: the drafter still costs its steps "
+            "(tiny pair, draft_model, K = 0 at batch 8: 0.64x [0.55, 0.73] of the baseline); the "
+            "verification's schedule-vs-baseline column says what they cost here"
+        )
     loads = sorted(p.load for p in picks)
     if loads and loads[0] > 1:
         notes.append(f"batch sizes 1..{loads[0] - 1} (not measured) take the K of load {loads[0]}")

@@ -168,6 +168,10 @@ def test_build_config_one_method_nearest_legal_schedule():
     assert cfg["num_speculative_tokens"] == 4
     assert cfg[SCHEDULE] == [[1, 1, 4], [2, 3, 3], [4, 7, 1], [8, 16, 0]]
     assert any("load 4" in n and "one method" in n for n in notes)
+    assert not any("not speculation off" in n for n in notes)  # ngram: no drafter
+    drafter = [Pick(1, "draft_model", 2, 1.3, {}), Pick(8, None, 0, 1.0, {})]
+    _, _, notes = build_config(drafter, {"draft_model": {}})
+    assert any("K = 0 ranges of draft_model are not speculation off" in n for n in notes)
     lookup = build_dynamic_sd_schedule_lookup(cfg[SCHEDULE], 64, cfg["num_speculative_tokens"])
     assert lookup[1] == 4 and lookup[3] == 3 and lookup[5] == 1 and lookup[8] == lookup[64] == 0
     off, schedule, notes = build_config([Pick(1, None, 0, 1.0, {})], method_cfgs)
