@@ -107,6 +107,8 @@ def main(argv: Sequence[str]) -> int:
             raise UsageError(f"tune: --engine must be one of {', '.join(ENGINES)}")
         if args.request_rate:
             raise UsageError("tune: loads are concurrencies (--concurrency), not --request-rate")
+        if not args.budget_min > 0:
+            raise UsageError(f"tune: --budget-min: expected minutes > 0, got {args.budget_min}")
         workload = load_workload(
             args.workload, fmt=args.workload_format, num_prompts=args.num_prompts,
             seed=args.seed, turn=args.turn,

@@ -91,6 +91,7 @@ CASES = {
     "tune with hf": (["tune", "--engine", "hf"], ["tune", "--engine", "vllm-server"]),
     "tune with request rate": (["tune", "--request-rate", "2"], ["tune", "--concurrency"]),
     "tune bad k": (["tune", "--tune-k", "0"], ["--tune-k", "must be > 0"]),
+    "tune bad budget": (["tune", "--budget-min", "0"], ["--budget-min", "minutes > 0"]),
     "spec-config bad schedule": (
         ["--spec-config", "{w:spec_gap.json}", "--mode", "latency", "--model", "tiny"],
         ["num_speculative_tokens_per_batch_size", "must start at 1"],
