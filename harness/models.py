@@ -171,21 +171,27 @@ def main(argv: list[str]) -> int:
         "--train",
         action="store_true",
         help="smollm2: retrain the draft and the EAGLE-3 head from scratch (self-distillation "
-        "on the target's greedy outputs; about 30 min on 2 idle cores) instead of assembling "
-        "the committed weights",
+        "on the target's greedy outputs; about 35 CPU minutes on one core, see "
+        "trained/BUILD.json) instead of assembling the committed weights",
     )
     b.add_argument(
         "--train-seconds",
         type=float,
         default=600.0,
-        help="with --train: training time of each speculator (default 600)",
+        help="with --train: CPU seconds (one thread) of the EAGLE-3 head's training (default 600)",
+    )
+    b.add_argument(
+        "--draft-seconds",
+        type=float,
+        default=420.0,
+        help="with --train: CPU seconds (one thread) of the draft model's training (default 420)",
     )
     b.add_argument(
         "--data-seconds",
         type=float,
         default=float("inf"),
         help="with --train: stop generating training data after this long (default: all "
-        "128 prompts; batches are cached in .cache/train/)",
+        "256 prompts; batches are cached in .cache/train/)",
     )
     b.add_argument("--out", type=Path, default=None, help="tiny: output directory")
     b.add_argument("--seed", type=int, default=0)
@@ -217,6 +223,7 @@ def main(argv: list[str]) -> int:
                     progress=not args.quiet,
                     budget_s=args.train_seconds,
                     data_seconds=args.data_seconds,
+                    draft_s=args.draft_seconds,
                 )
             models_smollm.assemble(force=args.force or args.train)
             print(f"smollm2 ready at {models_smollm.FAMILY_DIR} ({time.perf_counter() - t0:.0f} s)")

@@ -18,8 +18,8 @@ from harness.models_optim import torch_threads as _torch
 WORK = sm.CACHE_DIR.parent / "train"
 DATA = Path(__file__).resolve().parent.parent / "workloads" / "data"
 DRAFT_VOCAB = 8192
-GEN_TOKENS = 64
-TRAIN_PROMPTS = 128
+GEN_TOKENS = 96
+TRAIN_PROMPTS = 256
 MAX_PROMPT = 192  # prompt tokens: prefill is most of the cost of each sequence
 
 
@@ -90,7 +90,7 @@ def generate(
     model: Any,
     prompts: list[dict[str, Any]],
     n: int,
-    batch: int = 16,
+    batch: int = 32,
     progress: bool = True,
     parts: Path | None = None,
     deadline: float = float("inf"),

@@ -210,13 +210,13 @@ def train(
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
     rng = random.Random(seed)
-    t0, step, steps, est = time.perf_counter(), 0, 10**9, None
+    t0, step, steps, est = time.process_time(), 0, 10**9, None
     order = list(range(len(train_set)))
     while step < steps:
         rng.shuffle(order)
         for i in order:
             if step == 20 and est is None:
-                est = steps = int(budget_s / ((time.perf_counter() - t0) / 20))
+                est = steps = int(budget_s / ((time.process_time() - t0) / 20))
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, est or 10**4, 1e-3)
             loss = torch.zeros(())
@@ -233,7 +233,7 @@ def train(
     info = {
         "steps": step,
         "ttt_steps": TTT_STEPS,
-        "train_seconds": round(time.perf_counter() - t0),
+        "train_cpu_seconds": round(time.process_time() - t0),
         "draft_vocab_size": len(vocab),
         "val_sequences": len(val),
         "top1_agreement_per_step": evaluate(head, val, vocab),

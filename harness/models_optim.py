@@ -8,7 +8,7 @@ import math
 import random
 from typing import Any
 
-THREADS = 2  # torch threads: the machine has 2 cores
+THREADS = 1  # one core: a build must not slow a machine that measures
 
 
 def torch_threads() -> Any:

@@ -1,23 +1,28 @@
 """Trains SmolLM2's speculators by self-distillation: the target's own greedy outputs are the
 labels (as in the EAGLE papers and in distilled drafts), so greedy acceptance is what improves.
 
-1. ``generate``: vLLM batched greedy generation of the target over the shipped training prompts
-   (Spec-Bench first turns and the grounded set, minus the default workload's prompts, which are
-   held out to measure acceptance).
-2. ``features``: one HF forward per sequence with ``output_hidden_states``; layers 2, 15, 27 (what
-   vLLM hands an EAGLE-3 head) kept in fp16 for the head.
+1. ``models_data``: HF batched greedy generation of the target (KV cache, 32 prompts a batch)
+   over the shipped training prompts (Spec-Bench first turns and the grounded code edits, minus
+   the first 4 of each category, held out: the default workload draws there), keeping the fp16
+   concat of hidden states [2], [15], [27] at every position (what vLLM hands an EAGLE-3 head),
+   and the target's greedy next token at every position, prompt positions included.
+2. ``models_eagle3.train``: the head in vLLM's layout with a 3-step training-time-test unroll,
+   so draft positions 2 and 3 see their own outputs as at inference.
 3. ``train_draft``: a 2-layer Llama made of the target's layers 0 and 1, final norm and tied
-   embedding (frozen, not committed); only the layers and the norm train.
-4. ``train_eagle3``: the head of ``harness.models_smollm`` (vLLM's layout) with a 3-step
-   training-time-test unroll, so draft positions 2 and 3 see their own outputs as at inference.
+   embedding (a layer-skip draft; the embedding stays the target's, not committed); only the
+   layers and the norm train.
+4. ``models_eval``: each speculator's first-position top-1 agreement with the target on the
+   held-out default prompts, fed as vLLM feeds it.
 
-Everything is seeded; torch uses at most 2 threads (``harness.models_optim``). Data:
-``harness.models_data``. Writes ``trained/`` (fp16 weights, configs, BUILD.json).
+Everything is seeded; torch uses one thread (``harness.models_optim``) and the training budgets
+are CPU seconds, so a build costs the same compute on a busy machine (it only takes longer).
+Writes ``trained/`` (fp16 weights, configs, BUILD.json).
 """
 
 from __future__ import annotations
 
 import random
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +33,7 @@ from harness.models_optim import THREADS, lr_at, optimizer_step, split
 from harness.models_optim import torch_threads as _torch
 
 DRAFT_LAYERS = sm.DRAFT_LAYERS
+DRAFT_LR = 5e-4
 
 
 # ---- the draft model ----------------------------------------------------------------------------
@@ -94,9 +100,9 @@ def train_draft(
     train, val = split(data, seed)
     draft = make_draft(target_model)
     params = [p for p in draft.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=2e-4, weight_decay=0.0)
+    opt = torch.optim.AdamW(params, lr=DRAFT_LR, weight_decay=0.0)
     before = eval_draft(draft, val)
-    steps, t0, step = 10**9, time.perf_counter(), 0
+    steps, t0, step = 10**9, time.process_time(), 0
     order = list(range(len(train)))
     rng = random.Random(seed)
     draft.train()
@@ -106,10 +112,10 @@ def train_draft(
         for i in order:
             loss, _, _ = _draft_loss(draft, train[i], vocab)
             if est_steps is None and step == 20:  # size the cosine schedule to the time budget
-                est_steps = int(budget_s / ((time.perf_counter() - t0) / 20))
+                est_steps = int(budget_s / ((time.process_time() - t0) / 20))
                 steps = est_steps
             for g in opt.param_groups:
-                g["lr"] = lr_at(step, est_steps or 10**4, 2e-4)
+                g["lr"] = lr_at(step, est_steps or 10**4, DRAFT_LR)
             optimizer_step(opt, loss, params)
             step += 1
             if step >= steps:
@@ -119,7 +125,7 @@ def train_draft(
     info = {
         "layers_from_target": list(DRAFT_LAYERS),
         "steps": step,
-        "train_seconds": round(time.perf_counter() - t0),
+        "train_cpu_seconds": round(time.process_time() - t0),
         "val_sequences": len(val),
         "top1_agreement_before": round(before, 4),
         "top1_agreement_after": round(after, 4),
@@ -150,44 +156,58 @@ def train_all(
     budget_s: float = 600.0,
     data_seconds: float = float("inf"),
     out: Path | None = None,
+    draft_s: float | None = None,
 ) -> dict[str, Any]:
-    """Data, draft and EAGLE-3 head from scratch into ``trained/``; returns BUILD.json."""
-    from harness import models_eagle3
+    """Data, EAGLE-3 head (``budget_s`` CPU seconds) and draft (``draft_s``, default the same)
+    from scratch into ``trained/``, then their offline first-position agreement with the target
+    on the held-out default prompts (``harness.models_eval``); returns BUILD.json."""
+    from harness import models_eagle3, models_eval
 
-    t_all = time.perf_counter()
+    t_all, cpu_all = time.perf_counter(), time.process_time()
     sm.assemble()  # the target
     model, data, t_gen = load_data(sm.FAMILY_DIR / "target", seed, progress, data_seconds)
+    cpu_gen = time.process_time() - cpu_all
     t0 = time.perf_counter()
     agree = add_labels(model, data, progress)
     t_labels = time.perf_counter() - t0
     vocab = draft_vocab(data)
+    data_info = {
+        "sequences": len(data),
+        "prompt_tokens": sum(d["prompt_len"] for d in data),
+        "output_tokens": sum(len(d["output_ids"]) for d in data),
+        "max_prompt_tokens": MAX_PROMPT,
+        "max_new_tokens": GEN_TOKENS,
+        "generate_seconds": round(t_gen),
+        "generate_cpu_seconds": round(cpu_gen),
+        "labels_seconds": round(t_labels),
+        "labels_equal_generated_share": round(agree, 4),
+        "held_out": "first 4 prompts of each category (the default workload draws there)",
+    }
     out = out or sm.TRAINED_DIR
     out.mkdir(parents=True, exist_ok=True)
-    draft, d_info = train_draft(model, data, vocab, seed, budget_s)
-    save_draft(draft, out)
-    del draft
     head, e_info = models_eagle3.train(model, data, vocab, seed, budget_s)
     models_eagle3.save(
         head, vocab, out, models_eagle3.head_config(model.config.to_dict(), len(vocab))
     )
+    del head
+    draft, d_info = train_draft(model, data, vocab, seed, budget_s if draft_s is None else draft_s)
+    save_draft(draft, out)
+    del draft, data
+    target = sm.FAMILY_DIR / "target"
+    with tempfile.TemporaryDirectory() as tmp:  # what models build assembles from ``out``
+        sm.assemble_draft(Path(tmp) / "draft", target, out)
+        sm.assemble_eagle3(Path(tmp) / "eagle3", target, out)
+        held = models_eval.evaluate(target, Path(tmp) / "draft", Path(tmp) / "eagle3")
     info = {
         "seed": seed,
         "wheel": sm.WHEEL,
         "wheel_sha256": sm.WHEEL_SHA256,
-        "data": {
-            "sequences": len(data),
-            "prompt_tokens": sum(d["prompt_len"] for d in data),
-            "output_tokens": sum(len(d["output_ids"]) for d in data),
-            "max_prompt_tokens": MAX_PROMPT,
-            "max_new_tokens": GEN_TOKENS,
-            "generate_seconds": round(t_gen),
-            "labels_seconds": round(t_labels),
-            "labels_equal_generated_share": round(agree, 4),
-            "held_out": "first 4 prompts of each category (the default workload draws there)",
-        },
+        "data": data_info,
         "draft_model": d_info,
         "eagle3": e_info,
+        "held_out_first_position_agreement": {k: round(v, 4) for k, v in held.items()},
         "total_seconds": round(time.perf_counter() - t_all),
+        "total_cpu_seconds": round(time.process_time() - cpu_all),
         "torch_threads": THREADS,
     }
     sm._write_json(out / "BUILD.json", info)
