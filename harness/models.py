@@ -106,7 +106,7 @@ def ensure_family(family: str, progress: bool = True) -> None:
     if family == "tiny":
         ensure_tiny(progress=progress)
         return
-    if not all(models_smollm.is_complete(models_smollm.FAMILY_DIR / k) for k in smollm2_kinds()):
+    if not all(models_smollm.is_current(models_smollm.FAMILY_DIR / k, k) for k in smollm2_kinds()):
         print(f"models: assembling SmolLM2 into {models_smollm.FAMILY_DIR} ...", file=sys.stderr)
         models_smollm.assemble()
 

@@ -35,6 +35,7 @@ KINDS = ("target", "draft", "eagle3")
 # which are HF's output_hidden_states[2], [15], [27] (checked to ~5e-7 relative).
 EAGLE3_LAYERS = (2, 15, 27)
 DRAFT_LAYERS = (0, 1)  # the draft model starts as the target's first 2 layers (early exit)
+STAMP = "trained.sha256"  # in an assembled speculator: trained_digest() it was made from
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
@@ -145,6 +146,7 @@ def assemble_draft(out: Path, target: Path, trained: Path = TRAINED_DIR) -> None
     _write_json(out / "config.json", cfg)
     shutil.copyfile(target / "generation_config.json", out / "generation_config.json")
     _copy_tokenizer(target, out)
+    (out / STAMP).write_text(trained_digest("draft", trained) + "\n")
 
 
 def assemble_eagle3(out: Path, target: Path, trained: Path = TRAINED_DIR) -> None:
@@ -165,10 +167,32 @@ def assemble_eagle3(out: Path, target: Path, trained: Path = TRAINED_DIR) -> Non
     _save(sd, out / "model.safetensors")
     _write_json(out / "config.json", cfg)
     _copy_tokenizer(target, out)
+    (out / STAMP).write_text(trained_digest("eagle3", trained) + "\n")
 
 
 def is_complete(d: Path) -> bool:
     return (d / "config.json").is_file() and (d / "model.safetensors").is_file()
+
+
+def trained_digest(kind: str, trained: Path = TRAINED_DIR) -> str:
+    """sha256 of the committed weights and config a speculator is assembled from ("" when
+    none: the layer-skip draft)."""
+    h = hashlib.sha256()
+    for f in (trained / f"{kind}.safetensors", trained / f"{kind}_config.json"):
+        if f.is_file():
+            h.update(f.name.encode() + _sha256(f).encode())
+    return h.hexdigest()
+
+
+def is_current(d: Path, kind: str, trained: Path = TRAINED_DIR) -> bool:
+    """Assembled from the committed weights as they are now: a pull that brings retrained
+    speculators makes ``models build`` (bin/setup) reassemble them."""
+    if not is_complete(d):
+        return False
+    if kind == "target":
+        return True
+    stamp = d / STAMP
+    return stamp.is_file() and stamp.read_text().strip() == trained_digest(kind, trained)
 
 
 def family_path(which: str = "target", root: Path = FAMILY_DIR) -> Path:
@@ -185,14 +209,15 @@ def family_path(which: str = "target", root: Path = FAMILY_DIR) -> Path:
 
 def assemble(root: Path = FAMILY_DIR, trained: Path = TRAINED_DIR, force: bool = False) -> Path:
     """Assembles target, draft and eagle3 under ``root`` from the wheel and ``trained``
-    (each kind only when missing, unless ``force``); returns root."""
+    (each kind when missing, a speculator also when ``trained`` changed since, every kind with
+    ``force``); returns root."""
     target = root / "target"
     if force or not is_complete(target):
         _atomic(target, lambda d: assemble_target(d, fetch_wheel()))
     for kind, fn in (("draft", assemble_draft), ("eagle3", assemble_eagle3)):
         if kind == "eagle3" and not (trained / "eagle3.safetensors").is_file():
             continue  # no head without training: models build --train makes one
-        if force or not is_complete(root / kind):
+        if force or not is_current(root / kind, kind, trained):
             _atomic(root / kind, lambda d, fn=fn: fn(d, target, trained))
     return root
 

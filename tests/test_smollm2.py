@@ -233,3 +233,26 @@ def test_shipped_speculators_predict_the_targets_tokens_as_vllm_feeds_them(smoll
     assert models_eval.eagle3_agreement(head, vocab, wrong_layer) < aligned / 2
     draft = AutoModelForCausalLM.from_pretrained(smollm2["draft"], dtype=torch.float32)
     assert models_eval.draft_agreement(draft, seqs) >= AGREEMENT_FLOOR["draft"]
+
+
+def test_retrained_weights_are_reassembled(smollm2: dict[str, str], tmp_path: Path) -> None:
+    """An assembled speculator records the committed weights it came from; when they change (a
+    pull brings retrained ones), models build (bin/setup) reassembles it instead of keeping it."""
+    import shutil
+
+    root, trained = tmp_path / "family", tmp_path / "trained"
+    root.mkdir()
+    (root / "target").symlink_to(smollm2["target"])
+    shutil.copytree(models_smollm.TRAINED_DIR, trained)
+    models_smollm.assemble(root, trained)
+    assert models_smollm.is_current(root / "eagle3", "eagle3", trained)
+    before = _sha(root / "eagle3" / "model.safetensors")
+    stamp_before = (root / "draft" / models_smollm.STAMP).read_text()
+    cfg = json.loads((trained / "eagle3_config.json").read_text())
+    (trained / "eagle3_config.json").write_text(json.dumps({**cfg, "rms_norm_eps": 1e-6}))
+    assert not models_smollm.is_current(root / "eagle3", "eagle3", trained)
+    models_smollm.assemble(root, trained)
+    assert models_smollm.is_current(root / "eagle3", "eagle3", trained)
+    assert json.loads((root / "eagle3" / "config.json").read_text())["rms_norm_eps"] == 1e-6
+    assert _sha(root / "eagle3" / "model.safetensors") == before  # weights unchanged
+    assert (root / "draft" / models_smollm.STAMP).read_text() == stamp_before  # left alone
