@@ -14,7 +14,7 @@ from harness.options import UsageError, goodput, json_arg, kv_args, variant_urls
 from harness.plan import RunPlan, check_engines, parse_methods
 from harness.vllm_flags import api_root
 
-DEFAULT_MAX_NEW_TOKENS = 48
+DEFAULT_MAX_NEW_TOKENS = 40
 DEFAULT_CONCURRENCY = 4  # one load point: 4 in flight (the main job must fit 10 min on 2 cores)
 
 
