@@ -94,11 +94,6 @@ async def _execute(
         journal=journal,
         done=done,
         progress=plan.progress,
-        max_error_rate=plan.max_error_rate,
-        interleave=plan.interleave,
-        temperature=plan.temperature,
-        ignore_eos=plan.ignore_eos,
-        sample_load_s=plan.sample_load_s,
     )
     session.runs.extend(r for r in previous if r.cell.key in done)
     loop = asyncio.get_running_loop()

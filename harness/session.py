@@ -88,15 +88,10 @@ class Session:
     journal: Journal | None = None
     done: set[str] = field(default_factory=set)  # keys of finished runs (--resume)
     progress: bool = True
-    max_error_rate: float | None = None
-    temperature: float = 0.0
-    ignore_eos: bool = False
     clock: Callable[[], float] = time.perf_counter
     stop: StopFlag = field(default_factory=StopFlag)
     runs: list[Run] = field(default_factory=list)
     engine_factory: Callable[[EngineConfig], Engine] | None = None
-    interleave: bool = True
-    sample_load_s: float | None = None  # sample server gauges this often during runs (opt-in)
     design: str = INTERLEAVED  # what execute() chose (harness.design)
     _t0: float = 0.0
     _seq: int = 0  # runs so far
@@ -113,7 +108,7 @@ class Session:
         with ``interleave=False``) one configuration runs after the other."""
         self._t0 = self.clock()
         lanes = [Lane(label, config) for label, config in configs]
-        if self.interleave and len(lanes) > 1 and all(lane.coexist for lane in lanes):
+        if self.plan.interleave and len(lanes) > 1 and all(lane.coexist for lane in lanes):
             self.design = INTERLEAVED
             lanes = [lane.with_share(len(lanes)) for lane in lanes]
             await self._run_lanes(lanes)
@@ -245,8 +240,8 @@ class Session:
         assert engine is not None
         params = GenParams(
             max_new_tokens=p.max_new_tokens,
-            temperature=self.temperature,
-            ignore_eos=self.ignore_eos,
+            temperature=self.plan.temperature,
+            ignore_eos=self.plan.ignore_eos,
             seed=self.plan.seed,
         )
         records: list[RequestRecord] = []
@@ -265,11 +260,11 @@ class Session:
             if bar is not None and not rec.warmup:
                 bar.update(1)
             counted = [r for r in records if not r.warmup]
-            if self.max_error_rate is not None and len(counted) >= 5:
+            if self.plan.max_error_rate is not None and len(counted) >= 5:
                 rate = sum(not r.ok for r in counted) / len(counted)
-                if rate > self.max_error_rate:
+                if rate > self.plan.max_error_rate:
                     self.stop.set(
-                        f"error rate {rate:.0%} > --max-error-rate {self.max_error_rate:.0%}"
+                        f"error rate {rate:.0%} > --max-error-rate {self.plan.max_error_rate:.0%}"
                     )
 
         runner = Runner(
@@ -287,7 +282,7 @@ class Session:
             slot = replace(slot, cache=await self._reset_cache(engine))
             slot = replace(slot, t_start_s=self.clock() - self._t0)
             before, cache_before = await _counters(engine), _cache_counters(engine)
-            sampler = _LoadSampler(engine, self.sample_load_s)
+            sampler = _LoadSampler(engine, self.plan.sample_load_s)
             async with sampler:
                 await runner.run(requests, params, p.strategy, duration=self.plan.duration)
             after, cache_after = await _counters(engine), _cache_counters(engine)

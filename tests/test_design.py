@@ -4,6 +4,7 @@ every run records its slot, warm-ups never use measured prompts, caches are rese
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
@@ -82,7 +83,11 @@ def _session(plan: RunPlan, labels: list[str], interleave: bool = True) -> tuple
         return engines[label]
 
     session = Session(
-        plan, PROMPTS, progress=False, clock=clock, engine_factory=factory, interleave=interleave
+        dataclasses.replace(plan, interleave=interleave),
+        PROMPTS,
+        progress=False,
+        clock=clock,
+        engine_factory=factory,
     )
     configs = [(lb, EngineConfig(engine="scripted", model="m")) for lb in labels]
     asyncio.run(session.execute(configs))
