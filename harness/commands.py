@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.options import Parser, UsageError
-from harness.results import SCHEMA_VERSION
+from harness.results import SCHEMA_VERSION, with_config
 
 
 def load_results(path: str) -> dict[str, Any]:
@@ -47,9 +47,13 @@ def load_results(path: str) -> dict[str, Any]:
     version = data["schema_version"]
     if version == 1:  # before the analysis was stored: derive it once, here, from the runs
         return upgrade(data)
+    if version == 2:  # before runs named their model and temperature: the config's
+        config = data.get("config") or {}
+        runs = [with_config(r, config) for r in data["runs"]]
+        return {**data, "runs": runs, "schema_version": SCHEMA_VERSION}
     if version != SCHEMA_VERSION:
         raise UsageError(
-            f"{p}: results schema {version!r}; this version reads 1 and {SCHEMA_VERSION}"
+            f"{p}: results schema {version!r}; this version reads 1 to {SCHEMA_VERSION}"
         )
     return data
 
@@ -62,6 +66,7 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
 
     config = data.get("config") or {}
     config = {"temperature": _argv_temperature(data), **config}
+    data = {**data, "runs": [with_config(r, config) for r in data["runs"]]}
     runs = [Run.from_json(r) for r in data["runs"]]
     derived = analyze(
         runs,
@@ -140,6 +145,14 @@ def compare(argv: Sequence[str]) -> int:
         for r in f["runs"]:
             runs_json.append({**r, "engine": f"{r['engine']}@{tag}"})
     runs = [Run.from_json(r) for r in runs_json]
+    setups = sorted({(str(r.cell.model), str(r.cell.temperature)) for r in runs})
+    if len(setups) > 1:
+        said = "; ".join(f"model {m}, temperature {t}" for m, t in setups)
+        print(
+            f"[harness] compare: the runs differ in model or temperature ({said}): "
+            "only runs that share both are paired",
+            file=sys.stderr,
+        )
     config = files[0].get("config") or {}
     temps = {f.get("config", {}).get("temperature") for f in files}
     derived = analyze(
@@ -167,13 +180,17 @@ def _tags(paths: Sequence[str]) -> list[str]:
 
 
 def _align_vllm_runs(files: list[dict[str, Any]]) -> None:
-    """A vLLM bench file names no workload: its runs join the harness files' workload (the
-    prompts are then paired by index, which is what vLLM's order and the harness's ids share)."""
+    """A vLLM bench file names no workload nor temperature: its runs join the harness files'
+    (the prompts are then paired by index, which is what vLLM's order and the harness's ids
+    share; the temperature is the one the user gave both)."""
     own = [r["workload"] for f in files if f.get("source") is None for r in f["runs"]]
+    temps = [r.get("temperature") for f in files if f.get("source") is None for r in f["runs"]]
     for f in files:
         if f.get("source") == "vllm bench serve":
             for r in f["runs"]:
                 r["workload"] = r["workload"] or (own[0] if own else "vllm-bench")
+                if r.get("temperature") is None and temps:
+                    r["temperature"] = temps[0]
             if own:
                 f["workload"] = {**f["workload"], "name": own[0]}
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from harness.design import Slot
 from harness.records import RequestRecord
-from harness.results import Run
+from harness.results import Run, with_config
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -67,14 +67,24 @@ def recorded_config(path: Path) -> dict[str, Any] | None:
 
 def runs_from_journal(path: Path) -> tuple[list[Run], set[str]]:
     """Rebuild runs from a journal: every run that started (with its end status, "interrupted"
-    when it has none), and the keys of the runs that finished (ok or unsupported: not redone)."""
+    when it has none), and the keys of the runs that finished (ok or unsupported: not redone).
+
+    Runs are identified by :attr:`Cell.key`, recomputed from each header: a journal written
+    before cells named their model and temperature gets them from its config line, so its
+    finished runs still count as done."""
     heads: dict[str, dict[str, Any]] = {}
     recs: dict[str, list[RequestRecord]] = {}
     ends: dict[str, dict[str, Any]] = {}
+    config: dict[str, Any] = {}
+    alias: dict[str, str] = {}  # the key as written -> the cell's key (the same since schema 3)
     for e in read_journal(path):
-        key = e.get("key")
-        if e["kind"] == "run":
-            heads[key] = e["run"]
+        key = alias.get(e.get("key"), e.get("key"))
+        if e["kind"] == "config":
+            config = e["config"]
+        elif e["kind"] == "run":
+            head = with_config(e["run"], config)
+            key = alias[e.get("key")] = head["key"]
+            heads[key] = head
             recs[key] = []
         elif e["kind"] == "record" and key in recs:
             recs[key].append(RequestRecord.from_json(e["record"]))

@@ -187,6 +187,8 @@ class RunPlan:
             max_new_tokens=point.max_new_tokens,
             repeat=repeat,
             workload=self.workload,
+            model=self.model,
+            temperature=self.temperature,
         )
 
     def to_json(self) -> dict[str, Any]:

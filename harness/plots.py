@@ -24,7 +24,7 @@ def draw(results: Mapping[str, Any], out: Path) -> str:
     # 1. latency CDFs (TTFT and E2E) per configuration, for each point
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     drawn = False
-    for (engine, label, mode, load, mnt, _), rs in groups.items():
+    for (engine, label, mode, load, mnt, *_), rs in groups.items():
         recs = [r for run in rs for r in run.counted]
         name = f"{engine}/{label} {mode} {dict(load).get('concurrency') or dict(load).get('request_rate')} {mnt}tok"
         for ax, values in zip(axes, ([r.ttft for r in recs], [r.e2e for r in recs])):

@@ -16,13 +16,17 @@ from typing import Any
 from harness.design import Slot
 from harness.records import RequestRecord
 
-SCHEMA_VERSION = 2  # 2: the derived analysis is stored (harness/derived.py)
+# 2: the derived analysis is stored (harness/derived.py); 3: each run names its model and
+# temperature (in ``key`` too). Older files get them from their config on reading.
+SCHEMA_VERSION = 3
 PACKAGES = ("torch", "transformers", "vllm")  # versions recorded in ``environment`` and shown
 
 
 @dataclass(frozen=True)
 class Cell:
-    """What identifies one run: the engine configuration and the point of the plan."""
+    """What identifies one run: the engine configuration (engine, variant, target model,
+    temperature) and the point of the plan. ``model`` and ``temperature`` are None where a file
+    did not record them (a ``vllm bench serve`` result names no temperature)."""
 
     engine: str
     label: str  # "baseline" or the speculative method ("ngram", "draft_model", ...)
@@ -31,9 +35,12 @@ class Cell:
     max_new_tokens: int
     repeat: int
     workload: str
+    model: str | None = None
+    temperature: float | None = None
 
     @property
-    def key(self) -> str:
+    def name(self) -> str:
+        """The run for people (progress bars): engine, variant, point, repeat."""
         load = ",".join(f"{k}={v}" for k, v in sorted(self.load.items()) if v is not None)
         return (
             f"{self.engine}/{self.label}/{self.mode}/{load}/"
@@ -41,9 +48,51 @@ class Cell:
         )
 
     @property
+    def key(self) -> str:
+        """The run's identity (journal, ``--resume``, de-duplication): every field. The model
+        goes last: a path holds slashes."""
+        t = "None" if self.temperature is None else f"{self.temperature:g}"
+        return f"{self.name}/T={t}/{self.model}"
+
+    @property
     def group(self) -> tuple[Any, ...]:
-        """The cell without engine, label and repeat: what paired runs share."""
-        return (self.mode, tuple(sorted(self.load.items())), self.max_new_tokens, self.workload)
+        """The cell without engine, label and repeat: what paired runs share (the point, and
+        the model and temperature: runs of two models or temperatures never pool or pair)."""
+        return (
+            self.mode,
+            tuple(sorted(self.load.items())),
+            self.max_new_tokens,
+            self.workload,
+            self.model,
+            self.temperature,
+        )
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Cell:
+        """The cell of a stored run (results.json ``runs[i]`` or a journal's run header)."""
+        t = d.get("temperature")
+        return cls(
+            engine=d["engine"],
+            label=d.get("label") or d["variant"],
+            mode=d["mode"],
+            load=d["load"],
+            max_new_tokens=int(d["max_new_tokens"]),
+            repeat=int(d["repeat"]),
+            workload=d["workload"],
+            model=d.get("model"),
+            temperature=None if t is None else float(t),
+        )
+
+
+def with_config(run: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored run of a schema <= 2 file or journal (no model, no temperature of its own) with
+    those its file's config recorded, and its key recomputed from them."""
+    d = dict(run)
+    for k in ("model", "temperature"):
+        if d.get(k) is None:
+            d[k] = config.get(k)
+    d["key"] = Cell.from_json(d).key
+    return d
 
 
 @dataclass(frozen=True)
@@ -71,6 +120,8 @@ class Run:
         return {
             "key": c.key,
             "engine": c.engine,
+            "model": c.model,
+            "temperature": c.temperature,
             "variant": self.variant,
             "label": c.label,
             "spec_config": None if self.spec_config is None else dict(self.spec_config),
@@ -90,15 +141,7 @@ class Run:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Run:
-        cell = Cell(
-            engine=d["engine"],
-            label=d.get("label") or d["variant"],
-            mode=d["mode"],
-            load=d["load"],
-            max_new_tokens=int(d["max_new_tokens"]),
-            repeat=int(d["repeat"]),
-            workload=d["workload"],
-        )
+        cell = Cell.from_json(d)
         return cls(
             cell=cell,
             spec_config=d.get("spec_config"),

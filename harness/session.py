@@ -251,7 +251,7 @@ class Session:
             self.journal.write("run", {"key": cell.key, "run": head})
 
         requests = self.plan.point_requests(p, self.requests)
-        bar = self._bar(cell.key, None if self.plan.duration else len(requests))
+        bar = self._bar(cell.name, None if self.plan.duration else len(requests))
 
         def on_record(rec: RequestRecord) -> None:
             records.append(rec)

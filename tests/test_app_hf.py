@@ -62,7 +62,7 @@ def hf_run(tmp_path_factory, embedded_pair):
 def test_results_json_has_the_schema(hf_run):
     out, proc = hf_run
     res = json.loads((out / "results.json").read_text())
-    assert res["schema_version"] == 2 and res["status"] == "complete"
+    assert res["schema_version"] == 3 and res["status"] == "complete"
     for key in ("python", "torch", "transformers", "vllm"):
         assert key in res["environment"]
     labels = {r["label"] for r in res["runs"]}
