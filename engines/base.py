@@ -164,6 +164,9 @@ class Capabilities:
     # requests go to a server over HTTP, so other processes can send them (``--client-workers``,
     # through ``client_config``)
     client_workers: bool = False
+    # runs the speculative_config ``harness tune`` writes (vLLM's per-batch-size
+    # ``num_speculative_tokens_per_batch_size``), so tune can measure and verify through it
+    tunable: bool = False
 
 
 @runtime_checkable

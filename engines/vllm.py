@@ -69,7 +69,7 @@ class VLLMEngine(Engine):
     spec_methods: ClassVar[tuple[str, ...]] = SPEC_METHODS
     # several engines live in one process (each its own stepping thread, idle while another
     # lane runs): its counters come from its own stats tap, and shutdown spares the others
-    capabilities: ClassVar[Capabilities] = Capabilities(coexist=True)
+    capabilities: ClassVar[Capabilities] = Capabilities(coexist=True, tunable=True)
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config

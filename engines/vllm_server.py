@@ -129,7 +129,7 @@ class VLLMServerEngine(ManagedServerFlags, Engine):
     # the harness starts the server (its log goes with the results); one server per variant,
     # each on its own port, all alive at once; load gauges from its /metrics; HTTP clients
     capabilities: ClassVar[Capabilities] = Capabilities(
-        coexist=True, managed=True, load_gauges=True, client_workers=True
+        coexist=True, managed=True, load_gauges=True, client_workers=True, tunable=True
     )
 
     def __init__(self, config: EngineConfig) -> None:

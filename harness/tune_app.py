@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from engines.base import EngineConfig, EngineError, engine_class
+from engines.base import REGISTRY, EngineConfig, EngineError, engine_class
 from harness.design import INTERLEAVED, Slot
 from harness.flags import build_parser
 from harness.load import Concurrent
@@ -40,7 +40,6 @@ from harness.tune_plan import TimeBudget, worst_case
 from harness.tune_report import fmt, markdown, to_json
 from harness.tune_verify import Verification, verify
 
-ENGINES = ("vllm", "vllm-server")
 DEFAULT_KS = (1, 2, 3, 4, 6)
 MIN_REQUESTS, PER_LOAD = 4, 2  # requests per run: max(4, 2 x load), so batches stay full
 
@@ -103,8 +102,9 @@ def main(argv: Sequence[str]) -> int:
     args.mode, args.quiet = "throughput", args.quiet
     try:
         engines = [e.strip() for e in args.engine.split(",") if e.strip()]
-        if len(engines) != 1 or engines[0] not in ENGINES:
-            raise UsageError(f"tune: --engine must be one of {', '.join(ENGINES)}")
+        tunable = [e for e in REGISTRY if engine_class(e).capabilities.tunable]
+        if len(engines) != 1 or engines[0] not in tunable:
+            raise UsageError(f"tune: --engine must be one of {', '.join(tunable)}")
         if args.request_rate:
             raise UsageError("tune: loads are concurrencies (--concurrency), not --request-rate")
         if not args.budget_min > 0:

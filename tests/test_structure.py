@@ -125,6 +125,7 @@ ENGINE_FREE = (
     "app", "plan", "plan_flags", "preflight", "finalize", "session", "runner", "records", "load",
     "design", "derived", "stats", "analysis", "pooled", "theory", "crossover", "sanity",
     "categories", "markdown", "columns", "table_csv", "plots",
+    "tune", "tune_app", "tune_plan", "tune_verify",  # which engines tune: Capabilities.tunable
 )  # fmt: skip
 
 
