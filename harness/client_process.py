@@ -181,8 +181,17 @@ def worker_main(conn: Connection, config: EngineConfig, clock_name: str) -> None
 
 
 class _Worker:
-    def __init__(self, conn: Connection, config: EngineConfig, clock: Callable[[], float]):
-        self.conn, self.config, self.clock = conn, config, clock
+    """One client process's loop. ``clock`` and ``sleep`` are the runner's (tests hand it a fake
+    clock and its sleep, in this process)."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        config: EngineConfig,
+        clock: Callable[[], float],
+        sleep: Callable[[float], Any] = asyncio.sleep,
+    ):
+        self.conn, self.config, self.clock, self.sleep = conn, config, clock, sleep
         self.stop_job: int | None = None
 
     async def serve(self) -> None:
@@ -247,6 +256,7 @@ class _Worker:
         runner = Runner(
             engine,
             clock=self.clock,
+            sleep=self.sleep,
             on_record=on_record,
             should_stop=lambda: self.stop_job == job.job,
         )

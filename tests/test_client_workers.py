@@ -127,3 +127,38 @@ def test_two_workers_match_one(tmp_path, capsys, load) -> None:
     else:  # closed loop at 4: the first wave is the same 4 requests (2 + 2 slots)
         first = [sorted(s, key=s.get)[:4] for s in sends]
         assert set(first[0]) == set(first[1]), first
+
+
+@pytest.mark.parametrize(
+    "ahead, sent",
+    [(7.0, (0.0, 0.5, 1.25, 3.0)), (-2.0, (2.0, 2.0, 2.0, 3.0))],
+    ids=["early", "late"],
+)
+def test_a_worker_sends_on_the_parents_t0(ahead, sent) -> None:
+    """A worker sends request j at the parent's ``t0`` + its dealt offset, on the shared clock,
+    not at its own start + offset: planted offsets, a fake clock (in this process, with its
+    sleep) whose "now" is ``ahead`` s before the handed ``t0``. Early: every send exactly at
+    t0 + offset. Late (the job arrived 2 s after ``t0``): what is overdue goes at once, the rest
+    on time. A worker ignoring ``t0`` would be off by 7 s (early) or send at 2.5, 3.25, 5 (late)."""
+    import asyncio
+    from multiprocessing import Pipe
+
+    from engines.base import GenParams, Request
+    from harness.client_process import Job, Records, Share, _Worker
+    from tests.clock import ScriptedEngine
+
+    offsets = (0.0, 0.5, 1.25, 3.0)
+    clock = FakeClock()
+    t0 = clock.now + ahead
+    reqs = [Request(id=f"r{j}", prompt="x") for j in range(len(offsets))]
+    engine = ScriptedEngine(clock, {r.id: [(0.0, 1)] for r in reqs})  # no virtual time
+    parent, child = Pipe()
+    worker = _Worker(child, engine.config, clock, sleep=clock.sleep)
+    share = Share(0, tuple(range(len(offsets))), offsets, None)
+    asyncio.run(worker._job(engine, Job(1, reqs, None, share, GenParams(1), t0, None, False)))
+    records = []
+    while parent.poll():
+        msg = parent.recv()
+        records += msg.records if isinstance(msg, Records) else ()
+    sends = {r.request_id: r.t_send - t0 for r in records}
+    assert [sends[r.id] for r in reqs] == pytest.approx(sent, abs=1e-9), sends
