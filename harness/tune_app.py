@@ -27,18 +27,11 @@ from harness.load import Concurrent
 from harness.options import UsageError, positive_int
 from harness.plan import PlanError, Point, RunPlan
 from harness.results import Run
-from harness.schedule import (
-    best_fixed_k,
-    best_fixed_score,
-    build_config,
-    describe,
-    fixed_config,
-    picks,
-)
+from harness.schedule import RULE, describe
 from harness.tune import BASELINE, Arm, LoadResult, Sample, Settings, tune
-from harness.tune_plan import TimeBudget, worst_case
-from harness.tune_report import fmt, markdown, to_json
-from harness.tune_verify import Verification, verify
+from harness.tune_plan import FILES_MARGIN_S, TimeBudget, process_start, worst_case
+from harness.tune_report import markdown, to_json
+from harness.tune_verify import answer
 
 DEFAULT_KS = (1, 2, 3, 4, 6)
 MIN_REQUESTS, PER_LOAD = 4, 2  # requests per run: max(4, 2 x load), so batches stay full
@@ -76,18 +69,21 @@ def parser() -> argparse.ArgumentParser:
         "(else where the baseline's tokens/s gains < 10%% per doubling); default 8",
     )  # fmt: skip
     t.add_argument(
-        "--max-rounds", type=positive_int, default=4,
-        help="rounds per load before the search stops undecided (default 4)",
+        "--max-rounds", type=positive_int, default=6,
+        help="rounds per load before the search stops undecided (default 6; rounds past a "
+        "load's minimum are run only while the later loads' minimum and the verification fit)",
     )  # fmt: skip
     t.add_argument(
         "--verify-rounds", type=positive_int, default=3,
         help="interleaved rounds per load of schedule vs fixed K vs baseline (default 3)",
     )  # fmt: skip
     t.add_argument(
-        "--budget-min", type=float, default=14.0,
-        help="wall-clock budget in minutes: a race stops undecided, or the sweep stops, where "
-        "the next round would leave too little time for the rest and the verification (from "
-        "the measured times); default 14",
+        "--budget-min", type=float, default=15.0,
+        help="the whole tune's wall time in minutes, from the process's start (engine starts, "
+        f"search, verification; its last {FILES_MARGIN_S:.0f} s kept for closing engines and "
+        "writing files): a race stops undecided, or the sweep stops, where the next round would "
+        "leave too little for the verification and the later loads (from the times measured "
+        "in this tune); default 15",
     )  # fmt: skip
     t.add_argument("--no-verify", action="store_true", help="emit without verifying")
     return p
@@ -248,7 +244,6 @@ async def _run(args, plan: RunPlan, workload, out: Path, methods, settings: Sett
     from harness.finalize import finalize
 
     out.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
     requests = workload.requests
     if args.concurrency:
         loads, sweep = sorted(set(args.concurrency)), False
@@ -256,11 +251,17 @@ async def _run(args, plan: RunPlan, workload, out: Path, methods, settings: Sett
         loads = [2**i for i in range(args.max_load.bit_length()) if 2**i <= args.max_load]
         sweep = True
     worst = worst_case(loads, methods, settings, args.verify_rounds)
+    plan_lines: list[str] = []
+
+    def say(line: str) -> None:
+        plan_lines.append(line)
+        print(f"[harness] tune: {line}", file=sys.stderr, flush=True)
+
     budget = TimeBudget(
         args.budget_min * 60, settings, args.verify_rounds,
-        lambda load: max(MIN_REQUESTS, PER_LOAD * load),
+        lambda load: max(MIN_REQUESTS, PER_LOAD * load), t0=process_start(), say=say,
     )  # fmt: skip
-    plan_lines = [worst.line(loads, methods, budget.budget_s, args.verify_rounds)]
+    plan_lines.append(worst.line(loads, methods, budget.budget_s, args.verify_rounds))
     bench = Bench(plan, requests, out, args.quiet, worst.engines, budget)
     note: list[str] = []
     try:
@@ -278,7 +279,7 @@ async def _run(args, plan: RunPlan, workload, out: Path, methods, settings: Sett
 
         def said(r: LoadResult) -> None:
             print(f"[harness] tune: load {r.load}: {r.verdict} ({r.rounds} rounds, "
-                  f"{time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
+                  f"{budget.elapsed:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
             live = [c.arm for c in r.candidates if c.rounds]
             later = [lo for lo in loads if lo > r.load and not r.note]
             plan_lines.append(budget.line(r.load, live, later))
@@ -290,41 +291,23 @@ async def _run(args, plan: RunPlan, workload, out: Path, methods, settings: Sett
         loads = [r.load for r in results]
         note += [r.note for r in results if r.note]
         method_cfgs = {m: bench.configs.get(Arm(m, max(ks))) or {} for m, ks in methods.items()}
-        chosen = picks(results, settings.tolerance)
-        for r, p in zip(results, chosen):
-            if r.chosen.method is not None and p.method is None:
-                c = r.candidate(r.chosen)
-                note.append(
-                    f"load {r.load}: {r.chosen.label} led but not by more than "
-                    f"{settings.tolerance:.0%} ({fmt(c.vs_baseline if c else None)} vs the "
-                    "baseline): speculation off there"
-                )
-        config, schedule, notes = build_config(chosen, method_cfgs)
-        note += notes
-        verification: Verification | None = None
-        tried = [m for m in methods if any(c.rounds for r in results for c in r.candidates
-                                           if c.arm.method == m)]  # fmt: skip
-        if not args.no_verify and (config is not None or tried):
-            bench.phase = "verify"
-            if config is not None:
-                m = config["method"]
-                sched = Arm(m, config["num_speculative_tokens"], schedule)
-                bench.add(sched, config)
-            else:  # off everywhere: checked against the best fixed K of the best method
-                m = max(tried, key=lambda m: best_fixed_score(results, m))
-                sched = BASELINE
-            k = best_fixed_k(results, m)
-            fixed = Arm(m, k)
-            bench.add(fixed, fixed_config(method_cfgs[m], k))
-            verification = await verify(
-                loads, [BASELINE, sched, fixed], bench, args.verify_rounds, settings
-            )
+        bench.phase = "verify"
+        got = await answer(results, list(methods), method_cfgs, bench, settings,
+                           args.verify_rounds, budget, bench.add, lambda a: a in bench.lanes,
+                           check=not args.no_verify)  # fmt: skip
+        note += got.notes
+        chosen, config, schedule, verification = (
+            got.picks,
+            got.config,
+            got.schedule,
+            got.verification,
+        )
     finally:
         await bench.close()
     if config is not None:
         (out / "speculative_config.json").write_text(json.dumps(config, indent=1) + "\n")
-    elapsed = time.monotonic() - t0
-    md = markdown(results, config, schedule, verification, note, elapsed, out)
+    elapsed = budget.elapsed  # the process's wall time so far: what the budget counts
+    md = markdown(results, config, schedule, verification, note, elapsed, out, chosen)
     (out / "tune.md").write_text(md)
     (out / "tune.json").write_text(
         json.dumps(
@@ -333,11 +316,19 @@ async def _run(args, plan: RunPlan, workload, out: Path, methods, settings: Sett
                 "loads": loads,
                 "settings": settings.__dict__,
                 "plan": plan_lines,
+                "budget": {
+                    "budget_s": budget.budget_s,
+                    "covers": "the process's wall time from its start: imports, engine starts, "
+                    "search, verification, closing engines, files",
+                    "margin_s": budget.margin_s,
+                    "wall_s_before_files": budget.elapsed,
+                },
+                "emit_rule": RULE,
                 "engines_started": len(bench.lanes),
                 "runs": {k: len(v) for k, v in bench.runs.items()},
                 "speculative_config": config,
                 "schedule": describe(schedule) if schedule else None,
-                "search": to_json(results),
+                "search": to_json(results, chosen),
                 "verification": verification.to_json() if verification else None,
                 "notes": note,
                 "elapsed_s": elapsed,

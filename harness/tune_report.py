@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.schedule import Schedule, describe
+from harness.schedule import Pick, Schedule, describe
 from harness.stats import Comparison
 from harness.tune import LoadResult
 from harness.tune_verify import Verification
@@ -31,6 +31,7 @@ def markdown(
     notes: Sequence[str],
     elapsed_s: float,
     out: Path,
+    picks: Sequence[Pick] = (),
 ) -> str:
     head = verification.headline() if verification else "tune: not verified (--no-verify)"
     lines = [head, "", "# Speculative configuration per load", ""]
@@ -62,6 +63,7 @@ def markdown(
         "| load | candidate | predicted | speedup [95% CI] | vs leader | status |",
         "|---|---|---|---|---|---|",
     ]
+    off = {p.load: p.off for p in picks if p.off}
     for r in results:
         raced = sorted((c for c in r.candidates if c.status != "pruned"), key=lambda c: c.arm.cost)
         for c in raced:
@@ -69,6 +71,11 @@ def markdown(
             speed = "1 (reference)" if c.arm.method is None else fmt(c.vs_baseline)
             lead = fmt(c.vs_leader) if c.vs_leader is not None else "-"
             status = f"**{c.status}**" if c.status == "chosen" else c.status
+            if c.status == "chosen" and not r.decided and c.arm.method is not None:
+                status = (
+                    off.get(r.load)
+                    or "**chosen** (undecided; significantly faster than the baseline)"
+                )
             lines.append(f"| {r.load} | {c.arm.label} | {pred} | {speed} | {lead} | {status} |")
     lines.append("")
     for r in results:
@@ -109,12 +116,24 @@ def markdown(
     return "\n".join(lines)
 
 
-def to_json(results: Sequence[LoadResult]) -> list[dict[str, Any]]:
-    """What tune.json keeps of a search: every candidate's numbers and status."""
+def to_json(results: Sequence[LoadResult], picks: Sequence[Pick] = ()) -> list[dict[str, Any]]:
+    """What tune.json keeps of a search: every candidate's numbers and status, and per load
+    what was emitted (the rule: harness/schedule.py RULE)."""
+    emitted = {p.load: p for p in picks}
     return [
         {
             "load": r.load,
             "chosen": r.chosen.label,
+            "decided": r.decided,
+            "emitted": (
+                {
+                    "method": emitted[r.load].method,
+                    "k": emitted[r.load].k,
+                    "off": emitted[r.load].off,
+                }
+                if r.load in emitted
+                else None
+            ),
             "verdict": r.verdict,
             "rounds": r.rounds,
             "c_fit": r.c_fit,

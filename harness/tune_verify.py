@@ -1,14 +1,24 @@
-"""`harness tune`'s check of its answer: the emitted schedule against the best fixed K and the
-baseline, fresh interleaved rounds at every load (never the data that chose it)."""
+"""`harness tune`'s answer and its check: the search's results made into one speculative_config
+(harness/schedule.py), then the emitted schedule against the best fixed K and the baseline, fresh
+interleaved rounds at every load (never the data that chose it), as many as the budget allows."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
+from harness.schedule import (
+    Pick,
+    Schedule,
+    best_fixed_k,
+    best_fixed_score,
+    build_config,
+    fixed_config,
+    picks,
+)
 from harness.stats import Comparison
-from harness.tune import Arm, Measure, Race, Settings, fmt_ratio
+from harness.tune import BASELINE, Arm, LoadResult, Measure, Race, Settings, fmt_ratio
 
 
 @dataclass
@@ -96,3 +106,68 @@ async def verify(loads: Sequence[int], arms: Sequence[Arm], measure: Measure, ro
             }
         )
     return Verification(sched, fixed, rounds, rows)
+
+
+class VerifyBudget(Protocol):
+    def verify_plan(self, loads: Sequence[int], arms_at: Callable[[int], Sequence[Arm]],
+                    new_engines: int) -> int: ...  # fmt: skip
+
+
+@dataclass
+class Answer:
+    """What a tune emits (config None: run without one) and, unless skipped, its check."""
+
+    picks: list[Pick]
+    config: dict[str, Any] | None
+    schedule: Schedule
+    notes: list[str] = field(default_factory=list)
+    verification: Verification | None = None
+
+
+async def answer(results: Sequence[LoadResult], methods: Sequence[str],
+                 method_cfgs: Mapping[str, Mapping[str, Any]], measure: Measure, s: Settings,
+                 verify_rounds: int, budget: VerifyBudget | None = None,
+                 register: Callable[[Arm, Mapping[str, Any] | None], None] = lambda a, c: None,
+                 warm: Callable[[Arm], bool] = lambda a: True, check: bool = True) -> Answer:  # fmt: skip
+    """The picks (harness/schedule.py ``RULE``), the config, then the verification: its rounds
+    from ``budget`` where given (``verify_plan``), else ``verify_rounds``. ``register``: the
+    engine config of an arm the search did not have (the schedule, the fixed K); ``warm``: whether
+    an arm's engine is running (the fixed K's usually is: it raced)."""
+    chosen = picks(results, s.tolerance)
+    notes = []
+    for r, p in zip(results, chosen):
+        if p.off:
+            c = r.candidate(r.chosen)
+            v = c.vs_baseline if c else None
+            notes.append(
+                f"load {r.load}: {r.chosen.label} led ({fmt_ratio(v)} vs the baseline, "
+                f"n={v.n if v else 0}) after {r.rounds} rounds: {p.off}; K = 0 there"
+            )
+    config, schedule, more = build_config(chosen, method_cfgs)
+    out = Answer(chosen, config, schedule, notes + more)
+    tried = [m for m in methods if any(c.rounds for r in results for c in r.candidates
+                                       if c.arm.method == m)]  # fmt: skip
+    if not check or (config is None and not tried):
+        return out
+    if config is not None:
+        m = config["method"]
+        sched = Arm(m, config["num_speculative_tokens"], schedule)
+        register(sched, config)
+    else:  # off everywhere: checked against the best fixed K of the best method
+        m = max(tried, key=lambda m: best_fixed_score(results, m))
+        sched = BASELINE
+    k = best_fixed_k(results, m)
+    fixed = Arm(m, k)
+    register(fixed, fixed_config(method_cfgs.get(m, {}), k))
+    loads = [r.load for r in results]
+    rounds = verify_rounds
+    if budget is not None:
+
+        def arms_at(load: int) -> list[Arm]:  # what a round there runs, for its time
+            here = [k for a, b, k in schedule if a <= load <= b] or [0]
+            return [BASELINE, Arm(m, here[0]) if sched.method else BASELINE, fixed]
+
+        new = int(sched.method is not None) + int(not warm(fixed))
+        rounds = budget.verify_plan(loads, arms_at, new)
+    out.verification = await verify(loads, [BASELINE, sched, fixed], measure, rounds, s)
+    return out
