@@ -11,8 +11,10 @@ each live arm once (order rotated, so drift falls on all alike), paired by round
 significantly slower than the leader by more than ``tolerance`` is dropped; the search stops when
 one arm is left, or every live arm is within +-``tolerance`` of the leader (then the cheapest
 wins: speculation off < ngram < a model; smaller K), or when ``max_rounds`` or the time budget is
-spent (then the leader, called undecided). Measuring is a callback, so the search is tested
-without engines.
+spent (then the leader, called undecided; harness/schedule.py emits it only with its CI
+against the baseline above 1). Measuring is a callback, so the search is tested without
+engines. The arms, samples and rounds are in harness/tune_race.py, the prediction in
+harness/tune_predict.py, the time budget in harness/tune_plan.py.
 """
 
 from __future__ import annotations

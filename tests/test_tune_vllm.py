@@ -70,8 +70,17 @@ def test_tune_end_to_end_writes_config_table_and_verification(tmp_path, embedded
         cfg = json.loads((out / "speculative_config.json").read_text())
         assert cfg["method"] == "ngram" and cfg["prompt_lookup_max"] == 3
         validate_and_normalize_dynamic_sd_schedule(cfg["num_speculative_tokens_per_batch_size"])
-    assert tune["plan"][0].startswith("plan: loads [1, 4]") and tune["engines_started"] >= 2
+    first_plan = tune["plan"][0]  # what the budget covers comes first
+    assert first_plan.startswith("plan: the budget is 15.0 min of wall time for the whole tune")
+    assert "loads [1, 4]" in first_plan and tune["engines_started"] >= 2
+    assert any(line.startswith("plan: verification: 3 rounds") for line in tune["plan"])
+    assert tune["budget"]["wall_s_before_files"] <= 15 * 60 - tune["budget"]["margin_s"]
+    assert "lower bound > 1" in tune["emit_rule"]
     assert [r["load"] for r in tune["search"]] == [1, 4]
+    for r in tune["search"]:  # an undecided load emits its leader only with its CI above 1
+        if not r["decided"] and r["emitted"]["method"] is not None:
+            chosen = next(c for c in r["candidates"] if c["arm"] == r["chosen"])
+            assert chosen["vs_baseline"]["lo"] > 1
     assert {r["load"] for r in tune["verification"]["rows"]} == {1, 4}
     for phase in ("search", "verify"):
         res = json.loads((out / phase / "results.json").read_text())
