@@ -125,7 +125,7 @@ ENGINE_FREE = (
     "app", "plan", "plan_flags", "preflight", "finalize", "session", "runner", "records", "load",
     "design", "derived", "stats", "analysis", "pooled", "theory", "crossover", "sanity",
     "categories", "markdown", "columns", "table_csv", "plots",
-    "tune", "tune_app", "tune_plan", "tune_verify",  # which engines tune: Capabilities.tunable
+    "tune", "tune_race", "tune_predict", "tune_app", "tune_plan", "tune_verify",  # Capabilities.tunable
 )  # fmt: skip
 
 
