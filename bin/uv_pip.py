@@ -41,10 +41,7 @@ def pip_config(text: str) -> dict[str, str]:
         except (ValueError, SyntaxError):
             value = raw.strip("'\"")
         found.setdefault(name, {})[section] = str(value)
-    return {
-        name: next(by[s] for s in SECTIONS if s in by)
-        for name, by in found.items()
-    }
+    return {name: next(by[s] for s in SECTIONS if s in by) for name, by in found.items()}
 
 
 def uv_flags(cfg: dict[str, str]) -> tuple[list[str], dict[str, str]]:
