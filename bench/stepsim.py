@@ -140,6 +140,7 @@ class StepSimEngine(VLLMEngine):
         return {"engine": self.name, "step_s": c.step_s, "cpu_s": c.cpu_s, "max_seqs": c.max_seqs}
 
     def stepper_cpu(self) -> float:
-        """CPU seconds of the stepping thread so far (read from any thread)."""
+        """CPU seconds of the stepping thread so far (read from any thread). The thread is the
+        process's, shared by every in-process engine: bench/cost.py runs one at a time."""
         assert self._thread is not None and self._thread.ident is not None
         return time.clock_gettime(time.pthread_getcpuclockid(self._thread.ident))

@@ -1,7 +1,7 @@
 """vLLM without the harness: the raw paths the benchmarks compare the in-process engine with.
 
-Runs on the engine's own stepping thread (``VLLMEngine.call_on_stepper``), so it shares the
-engine's loaded model and needs it idle.
+Runs on the engine's stepping thread (``VLLMEngine.call_on_stepper``; one per process, shared by
+its in-process engines), so it shares the engine's loaded model and needs it idle.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
-"""In-process vLLM engine: one ``LLMEngine`` stepped by one thread, requests streamed per id.
+"""In-process vLLM engine: one ``LLMEngine`` stepped by the process's stepping thread, requests
+streamed per id.
 
 Design: ``LLM`` is built with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` so the engine core runs in
-this process (no busy engine process fighting for the CPU). A single stepping thread owns the
-engine: it builds it, adds and aborts requests, calls ``step()`` while requests are unfinished
-and stamps each step's outputs (``RequestOutputKind.DELTA``) right after ``step()`` returns,
+this process (no busy engine process fighting for the CPU). One stepping thread, shared by every
+in-process engine of the process (engines/vllm_stepper.py: a lane owning a thread would own that
+thread's CPU placement), owns the engine: it builds it, adds and aborts requests, calls
+``step()`` while requests are unfinished and stamps each step's outputs (``RequestOutputKind.DELTA``) right after ``step()`` returns,
 with one reading of the clock the runner passed to :meth:`stream`. Per step the thread only
 appends (outputs, stamp) to a list, which reaches the event loop at most every ``DELIVERY_S``
 and at once when a request finishes (a concurrency slot frees); there each output is filed
@@ -25,7 +27,6 @@ import contextlib
 import gc
 import itertools
 import os
-import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, ClassVar
@@ -53,12 +54,14 @@ from engines.vllm_setup import (
     torch_threads_kept,
     validate_config,
 )
+from engines.vllm_stepper import STEPPER, Open
 
 # Must be set before vLLM is imported: the engine core then runs in this process.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 # vLLM logs to stdout by default; the harness's stdout is the markdown summary.
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
+SHARED = "one stepping thread shared by this process's in-process vLLM engines"
 _ALIVE: set[int] = set()  # ids of this process's engines that hold vLLM's process-wide state
 
 
@@ -67,15 +70,15 @@ class VLLMEngine(Engine):
 
     name: ClassVar[str] = "vllm"
     spec_methods: ClassVar[tuple[str, ...]] = SPEC_METHODS
-    # several engines live in one process (each its own stepping thread, idle while another
+    # several engines live in one process (stepped by one shared thread, idle while another
     # lane runs): its counters come from its own stats tap, and shutdown spares the others
     capabilities: ClassVar[Capabilities] = Capabilities(coexist=True, tunable=True)
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self._llm: Any = None
-        self._thread: threading.Thread | None = None
-        self._cmds: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None  # the shared stepping thread, once built
+        self.stepper_native_id: int | None = None  # its OS id: every engine of the process, one
         # the event loop's side: its loop, the clock to stamp with, each request's Pending
         self._loop: asyncio.AbstractEventLoop | None = None
         self._clock: Clock | None = None
@@ -84,6 +87,7 @@ class VLLMEngine(Engine):
         # the stepping thread's side: requests added and not finished, steps not handed over
         self._live: set[str] = set()
         self._steps: list[Step] = []
+        self._sent_at: float | None = None
         self._ids = itertools.count()
         self._kwargs: dict[str, Any] = {}
         self._defaults: dict[str, Any] = {}
@@ -101,15 +105,11 @@ class VLLMEngine(Engine):
     async def start(self) -> None:
         self.validate(self.config)
         ready: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._thread = threading.Thread(
-            target=self._run, args=(ready,), name="vllm-stepper", daemon=True
-        )
         try:
             with torch_threads_kept():  # the stepping thread sets its own
-                self._thread.start()
+                STEPPER.send(self, Open(ready))
                 await asyncio.wrap_future(ready)
         except Exception as e:
-            self._thread.join()
             self._thread = None
             raise EngineError(f"vllm: engine failed to start: {type(e).__name__}: {e}") from e
 
@@ -124,16 +124,17 @@ class VLLMEngine(Engine):
             "engine": self.name,
             "vllm_version": vllm.__version__,
             "platform": str(current_platform.device_type),
-            "mode": "in-process LLMEngine (V1), one stepping thread, DELTA outputs",
+            "mode": f"in-process LLMEngine (V1), {SHARED}, DELTA outputs",
+            "stepping_thread": self.stepper_native_id,
             "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING"),
-            "defaults_chosen": dict(self._defaults),
+            "defaults_chosen": {"stepping": SHARED, **self._defaults},
             "engine_kwargs": {k: plain(v) for k, v in self._kwargs.items()},
             **self._facts,
         }
 
-    # ---- the stepping thread ----------------------------------------------------------------
-    def _run(self, ready: concurrent.futures.Future[None]) -> None:
-        """Build the engine, then serve commands and step until told to stop."""
+    # ---- on the stepping thread (engines/vllm_stepper.py's Lane) -----------------------------
+    def open(self) -> None:
+        """Build the engine (on the process's stepping thread)."""
         try:
             self._llm = self._load()
             _ALIVE.add(id(self))
@@ -141,7 +142,7 @@ class VLLMEngine(Engine):
             self._tapped = self._tap.install(logger_manager)
             tok = self._llm.get_tokenizer()
             self._has_template = has_chat_template(tok)
-        except BaseException as e:  # noqa: BLE001 - reported to start()
+        except BaseException:
             if self._llm is not None:
                 with contextlib.suppress(BaseException):
                     self._shutdown()
@@ -149,36 +150,9 @@ class VLLMEngine(Engine):
             _ALIVE.discard(id(self))
             if not _ALIVE:  # other live engines still need vLLM's distributed state
                 free_dist_state()
-            ready.set_exception(e)
-            return
-        ready.set_result(None)
-        error: BaseException = EngineError("vllm: engine closed")
-        stop: concurrent.futures.Future[None] | None = None
-        try:
-            stop = self._serve()
-        except BaseException as e:  # noqa: BLE001 - a failed step leaves the engine unusable
-            error = EngineError(f"vllm: engine failed: {type(e).__name__}: {e}")
-        self._dead = error
-        self._fail_all(error)
-        while True:  # commands that arrived too late
-            try:
-                cmd = self._cmds.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(cmd, Add):
-                self._post(self._fail_one, cmd.rid, error)
-            elif isinstance(cmd, Call):
-                cmd.done.set_exception(error)
-            elif isinstance(cmd, Stop):
-                cmd.done.set_result(None)
-        try:
-            self._shutdown()
-        except BaseException as e:  # noqa: BLE001 - reported to close()
-            if stop is not None:
-                stop.set_exception(e)
-                return
-        if stop is not None:
-            stop.set_result(None)
+            raise
+        self._thread = threading.current_thread()
+        self.stepper_native_id = threading.get_native_id()
 
     def _load(self) -> Any:
         """Build vLLM's ``LLM`` on the stepping thread. bench/stepsim.py overrides this with a
@@ -186,39 +160,73 @@ class VLLMEngine(Engine):
         llm, self._kwargs, self._defaults, self._facts = build_llm(self.config)
         return llm
 
-    def _serve(self) -> concurrent.futures.Future[None]:
-        """Serve commands and step while requests are unfinished; return the stop future."""
-        engine = self._llm.llm_engine
-        sent_at: float | None = None
-        while True:
-            busy = engine.has_unfinished_requests()
-            if not busy:  # only leftovers of aborted requests can wait here
-                self._flush()
-            cmd = self._cmds.get() if not busy else None  # idle: block until there is work
-            while True:
-                if cmd is None:
-                    try:
-                        cmd = self._cmds.get_nowait()
-                    except queue.Empty:
-                        break
-                if isinstance(cmd, Stop):
-                    return cmd.done
-                self._handle(cmd)
-                cmd = None
-            if not engine.has_unfinished_requests():
-                continue
-            outs = engine.step()
-            if not outs:
-                continue
-            clock = self._clock
-            t = clock() if clock is not None else None  # the step's outputs exist now
-            self._steps.append(Step(outs, t))
-            ended = [o.request_id for o in outs if o.finished]
-            if ended:
-                self._live.difference_update(ended)
-            if ended or t is None or sent_at is None or t - sent_at >= DELIVERY_S:
-                sent_at = t
-                self._flush()
+    def busy(self) -> bool:
+        return bool(self._llm.llm_engine.has_unfinished_requests())
+
+    def step(self) -> None:
+        """One ``step()``: stamp its outputs, hand them over when a request ended or
+        ``DELIVERY_S`` has passed since the last hand-over."""
+        outs = self._llm.llm_engine.step()
+        if not outs:
+            return
+        clock = self._clock
+        t = clock() if clock is not None else None  # the step's outputs exist now
+        self._steps.append(Step(outs, t))
+        ended = [o.request_id for o in outs if o.finished]
+        if ended:
+            self._live.difference_update(ended)
+        if ended or t is None or self._sent_at is None or t - self._sent_at >= DELIVERY_S:
+            self._sent_at = t
+            self._flush()
+
+    def idle(self) -> None:
+        self._flush()  # only leftovers of aborted requests can wait here
+
+    def end(
+        self, cause: BaseException | None, stop: concurrent.futures.Future[None] | None
+    ) -> None:
+        """Fail the open streams, shut the engine down; report to ``stop`` (close())."""
+        if cause is None:
+            error = EngineError("vllm: engine closed")
+        else:  # a failed step (or command) leaves the engine unusable
+            error = EngineError(f"vllm: engine failed: {type(cause).__name__}: {cause}")
+        self._dead = error
+        self._fail_all(error)
+        try:
+            self._shutdown()
+        except BaseException as e:  # noqa: BLE001 - reported to close()
+            if stop is not None:
+                stop.set_exception(e)
+            return
+        if stop is not None:
+            stop.set_result(None)
+
+    def late(self, cmd: Command) -> None:
+        """A command sent after the engine ended (a failed step, or close())."""
+        error = self._dead or EngineError("vllm: engine closed")
+        if isinstance(cmd, Add):
+            self._post(self._fail_one, cmd.rid, error)
+        elif isinstance(cmd, Call):
+            cmd.done.set_exception(error)
+        elif isinstance(cmd, Stop):
+            cmd.done.set_result(None)
+
+    def handle(self, cmd: Command) -> None:
+        if isinstance(cmd, Add):
+            try:
+                self.add_request(cmd.rid, cmd.request, cmd.sampling)
+                self._live.add(cmd.rid)
+            except Exception as e:  # noqa: BLE001 - this request fails, the engine goes on
+                self._post(self._fail_one, cmd.rid, e)
+        elif isinstance(cmd, Abort):
+            if cmd.rid in self._live:
+                self._live.discard(cmd.rid)
+                self._llm.llm_engine.abort_request([cmd.rid])
+        elif isinstance(cmd, Call):
+            try:
+                cmd.done.set_result(cmd.fn(self._llm))
+            except BaseException as e:  # noqa: BLE001 - reported to the caller
+                cmd.done.set_exception(e)
 
     def _post(self, fn: Callable[..., None], *args: Any) -> None:
         """Run ``fn(*args)`` on the event loop (nothing if it is gone: nobody listens)."""
@@ -232,9 +240,27 @@ class VLLMEngine(Engine):
             steps, self._steps = self._steps, []
             self._post(self._deliver, steps)
 
+    # ---- on the event loop ------------------------------------------------------------------
     def _deliver(self, steps: list[Step]) -> None:
-        """On the event loop: file each output into its request's Pending; wake the requests
-        that ended, and every request with outputs once ``DELIVERY_S`` has passed."""
+        """File ``steps``; if that fails, fail the streams they were for (else they would wait
+        forever) and abort their requests."""
+        try:
+            self._file(steps)
+        except Exception as e:  # noqa: BLE001 - reported to the affected streams
+            error = EngineError(f"vllm: hand-over failed: {type(e).__name__}: {e}")
+            try:
+                rids = {o.request_id for step in steps for o in step.outputs}
+            except Exception:  # noqa: BLE001 - outputs unreadable: every stream is affected
+                rids = set(self._streams)
+            for rid in rids:
+                if (p := self._streams.get(rid)) is not None:
+                    p.fail(error)
+                    if not p.done:
+                        STEPPER.send(self, Abort(rid))
+
+    def _file(self, steps: list[Step]) -> None:
+        """File each output into its request's Pending; wake the requests that ended, and every
+        request with outputs once ``DELIVERY_S`` has passed."""
         streams = self._streams
         for step in steps:
             t = step.t
@@ -272,23 +298,6 @@ class VLLMEngine(Engine):
     def _fail_streams(self, exc: BaseException) -> None:
         for p in self._streams.values():
             p.fail(exc)
-
-    def _handle(self, cmd: Command) -> None:
-        if isinstance(cmd, Add):
-            try:
-                self.add_request(cmd.rid, cmd.request, cmd.sampling)
-                self._live.add(cmd.rid)
-            except Exception as e:  # noqa: BLE001 - this request fails, the engine goes on
-                self._post(self._fail_one, cmd.rid, e)
-        elif isinstance(cmd, Abort):
-            if cmd.rid in self._live:
-                self._live.discard(cmd.rid)
-                self._llm.llm_engine.abort_request([cmd.rid])
-        elif isinstance(cmd, Call):
-            try:
-                cmd.done.set_result(cmd.fn(self._llm))
-            except BaseException as e:  # noqa: BLE001 - reported to the caller
-                cmd.done.set_exception(e)
 
     def prompt_input(self, request: Request) -> dict[str, Any]:
         """What vLLM is given as the prompt: token ids (engines/local_model.py's rule, the HF
@@ -328,7 +337,7 @@ class VLLMEngine(Engine):
         if self._thread is None:
             raise EngineError("vllm: engine not started")
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self._cmds.put(Call(fn, fut))
+        STEPPER.send(self, Call(fn, fut))
         if self._dead is not None:
             raise self._dead
         return await asyncio.wrap_future(fut)
@@ -359,7 +368,7 @@ class VLLMEngine(Engine):
         rid = f"{request.id}#{next(self._ids)}"
         sp = self.sampling_params(request, params, delta=True)
         pending = self._streams[rid] = Pending()
-        self._cmds.put(Add(rid, request, sp))
+        STEPPER.send(self, Add(rid, request, sp))
         try:
             if self._dead is not None:
                 raise self._dead
@@ -369,7 +378,7 @@ class VLLMEngine(Engine):
         finally:
             del self._streams[rid]
             if not (pending.done or pending.error) and self._thread is not None:
-                self._cmds.put(Abort(rid))
+                STEPPER.send(self, Abort(rid))
 
     # ---- counters & lifecycle ---------------------------------------------------------------
     def spec_counters(self) -> SpecCounters | None:
@@ -394,7 +403,8 @@ class VLLMEngine(Engine):
         if thread is None:
             return
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._cmds.put(Stop(done))
-        await asyncio.to_thread(thread.join)  # the thread shuts the engine down before it ends
-        if done.done() and done.exception() is not None:
-            raise EngineError(f"vllm: shutdown failed: {done.exception()}")
+        STEPPER.send(self, Stop(done))  # the stepping thread shuts the engine down
+        try:
+            await asyncio.wrap_future(done)
+        except Exception as e:
+            raise EngineError(f"vllm: shutdown failed: {e}") from e

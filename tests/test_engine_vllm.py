@@ -374,3 +374,109 @@ def test_per_request_acceptance_joins_each_request(spec_run: Any) -> None:
     assert sum(p["num_draft_tokens"] for p in per) == delta.num_draft_tokens
     assert sum(p["num_accepted_draft_tokens"] for p in per) == delta.num_accepted_tokens
     assert sum(p["num_spec_steps"] for p in per) == delta.num_drafts
+
+
+# ---- several engines in one process: one stepping thread ------------------------------------
+class _FailingHandover(VLLMEngine):
+    """The hand-over on the event loop raises once (a fault the real engine cannot produce)."""
+
+    faults = 0
+
+    def _file(self, steps: list) -> None:
+        if self.faults:
+            self.faults -= 1
+            raise RuntimeError("injected hand-over fault")
+        super()._file(steps)
+
+
+async def _ids(engine: VLLMEngine, n: int = 2) -> list[list[int]]:
+    """Stream ``n`` requests; a hang (a stream nobody fails) ends the test instead of blocking."""
+    return (await asyncio.wait_for(_stream_all(engine, _requests(n)), 120))["ids"]
+
+
+async def _error(engine: VLLMEngine) -> str:
+    try:
+        await _ids(engine)
+    except EngineError as e:
+        return str(e)
+    return "no error"
+
+
+@pytest.fixture(scope="module")
+def shared(pair: tuple[str, str]) -> dict[str, Any]:
+    """Two baseline engines alive in one process: where they step, each streaming while the
+    other idles, then A's hand-over fault, B's failed step, B closed."""
+
+    def boom(*_: Any) -> Any:
+        raise RuntimeError("injected step failure")
+
+    async def go() -> dict[str, Any]:
+        import threading
+
+        a, b = (_FailingHandover(EngineConfig(engine="vllm", model=pair[0])) for _ in "ab")
+        out: dict[str, Any] = {"loop_thread": threading.get_native_id()}
+        try:
+            for e in (a, b):
+                await e.start()
+            out["ids"] = [e.stepper_native_id for e in (a, b)]
+            out["described"] = [e.describe()["stepping_thread"] for e in (a, b)]
+            out["on_stepper"] = [await e.call_on_stepper(lambda _: threading.get_native_id())
+                                 for e in (a, b)]  # fmt: skip
+            out["mode"] = a.describe()["mode"]
+            out["alone"] = [await _ids(e) for e in (a, b, a)]  # the other idles
+            both = await asyncio.gather(_ids(a), _ids(b))  # round-robin while both are busy
+            out["both"] = list(both)
+            a.faults = 1
+            out["handover_error"] = await _error(a)
+            out["after_handover_error"] = await _ids(a)  # A goes on: only its streams failed
+            await b.call_on_stepper(lambda llm: setattr(llm.llm_engine, "step", boom))
+            out["failed"] = await _error(b)
+            out["other_after_failure"] = await _ids(a)
+            out["failed_later"] = await _error(b)
+            await b.close()
+            out["after_close"] = await _ids(a)  # the engine left steps on
+        finally:
+            for e in (a, b):
+                await e.close()
+        return out
+
+    return _run(go())
+
+
+@pytest.mark.slow
+def test_engines_of_a_process_share_one_stepping_thread(shared: dict[str, Any]) -> None:
+    """A lane owning a thread owns that thread's CPU placement (a lane effect that rotation
+    cannot remove, engines/vllm_stepper.py): every engine steps on the same native thread."""
+    assert len(set(shared["ids"])) == 1 and shared["ids"][0] is not None
+    assert shared["described"] == shared["on_stepper"] == shared["ids"]
+    assert shared["ids"][0] != shared["loop_thread"]
+    assert "one stepping thread shared by this process's" in shared["mode"]
+
+
+@pytest.mark.slow
+def test_each_engine_streams_while_others_idle_or_closed(
+    shared: dict[str, Any], baseline: dict[str, Any]
+) -> None:
+    ref = baseline["ref"][:2]
+    assert shared["alone"] == [ref] * 3
+    assert shared["both"] == [ref, ref]
+    assert shared["after_close"] == ref
+
+
+@pytest.mark.slow
+def test_handover_fault_fails_its_streams_not_the_engine(
+    shared: dict[str, Any], baseline: dict[str, Any]
+) -> None:
+    """An exception while filing outputs on the event loop fails the streams it was for (they
+    used to wait forever); the engine serves the next requests."""
+    assert "hand-over failed: RuntimeError: injected hand-over fault" in shared["handover_error"]
+    assert shared["after_handover_error"] == baseline["ref"][:2]
+
+
+@pytest.mark.slow
+def test_one_engine_failing_leaves_the_others_serving(
+    shared: dict[str, Any], baseline: dict[str, Any]
+) -> None:
+    assert "engine failed: RuntimeError: injected step failure" in shared["failed"]
+    assert shared["other_after_failure"] == baseline["ref"][:2]
+    assert "injected step failure" in shared["failed_later"]  # the failed engine stays failed
