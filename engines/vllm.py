@@ -1,34 +1,30 @@
-"""In-process vLLM engine: one ``LLMEngine`` stepped by the process's stepping thread, requests
-streamed per id.
+"""In-process vLLM engine: one ``LLMEngine`` driven request by request, streamed per id.
 
 Design: ``LLM`` is built with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` so the engine core runs in
-this process (no busy engine process fighting for the CPU). One stepping thread, shared by every
-in-process engine of the process (engines/vllm_stepper.py: a lane owning a thread would own that
+this process (no busy engine process fighting for the CPU). The process's one stepping thread,
+shared by its in-process engines (engines/vllm_stepper.py: a lane owning a thread would own that
 thread's CPU placement), owns the engine: it builds it, adds and aborts requests, calls
-``step()`` while requests are unfinished and stamps each step's outputs (``RequestOutputKind.DELTA``) right after ``step()`` returns,
-with one reading of the clock the runner passed to :meth:`stream`. Per step the thread only
-appends (outputs, stamp) to a list, which reaches the event loop at most every ``DELIVERY_S``
-and at once when a request finishes (a concurrency slot frees); there each output is filed
-into its request's ``Pending`` and each stream takes what it has as one chunk
-(engines/handover.py): no per-token object, no per-token wake-up, no timestamp moved.
-``LLMEngine.add_request`` mutates the scheduler that ``step()`` walks, so it is never called from
-the event loop: :meth:`stream` enqueues a command and the thread adds it before its next step.
-Requests added while others run join the next step (continuous batching).
-
-Spec counters: ``LLMEngine.step()`` records its stats (spec decoding included) before it returns
-its outputs, so a request's last chunk arrives after the counters cover every step it used.
+``step()`` while requests are unfinished and stamps each step's outputs (DELTA) right after
+``step()`` returns, with the clock the runner passed to :meth:`stream`. The thread appends
+(outputs, stamp) to a list that reaches the event loop at most every ``DELIVERY_S`` and at once
+when a request finishes; there each output is filed into its request's ``Pending`` and each
+stream takes what it has as one chunk (engines/handover.py): no per-token object or wake-up, no
+timestamp moved. ``LLMEngine.add_request`` mutates the scheduler that ``step()`` walks, so
+:meth:`stream` only enqueues it for the thread (requests added while others run join the next
+step). Spec counters: ``step()`` records its stats before it returns its outputs, so a request's
+last chunk arrives after the counters cover every step it used.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import gc
 import itertools
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping
+from concurrent.futures import Future
 from typing import Any, ClassVar
 
 from engines.base import (
@@ -104,7 +100,7 @@ class VLLMEngine(Engine):
 
     async def start(self) -> None:
         self.validate(self.config)
-        ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        ready: Future[None] = Future()
         try:
             with torch_threads_kept():  # the stepping thread sets its own
                 STEPPER.send(self, Open(ready))
@@ -138,10 +134,8 @@ class VLLMEngine(Engine):
         try:
             self._llm = self._load()
             _ALIVE.add(id(self))
-            logger_manager = getattr(self._llm.llm_engine, "logger_manager", None)
-            self._tapped = self._tap.install(logger_manager)
-            tok = self._llm.get_tokenizer()
-            self._has_template = has_chat_template(tok)
+            self._tapped = self._tap.install(getattr(self._llm.llm_engine, "logger_manager", None))
+            self._has_template = has_chat_template(self._llm.get_tokenizer())
         except BaseException:
             if self._llm is not None:
                 with contextlib.suppress(BaseException):
@@ -182,9 +176,7 @@ class VLLMEngine(Engine):
     def idle(self) -> None:
         self._flush()  # only leftovers of aborted requests can wait here
 
-    def end(
-        self, cause: BaseException | None, stop: concurrent.futures.Future[None] | None
-    ) -> None:
+    def end(self, cause: BaseException | None, stop: Future[None] | None) -> None:
         """Fail the open streams, shut the engine down; report to ``stop`` (close())."""
         if cause is None:
             error = EngineError("vllm: engine closed")
@@ -205,7 +197,7 @@ class VLLMEngine(Engine):
         """A command sent after the engine ended (a failed step, or close())."""
         error = self._dead or EngineError("vllm: engine closed")
         if isinstance(cmd, Add):
-            self._post(self._fail_one, cmd.rid, error)
+            self._post(self._fail, error, cmd.rid)
         elif isinstance(cmd, Call):
             cmd.done.set_exception(error)
         elif isinstance(cmd, Stop):
@@ -217,7 +209,7 @@ class VLLMEngine(Engine):
                 self.add_request(cmd.rid, cmd.request, cmd.sampling)
                 self._live.add(cmd.rid)
             except Exception as e:  # noqa: BLE001 - this request fails, the engine goes on
-                self._post(self._fail_one, cmd.rid, e)
+                self._post(self._fail, e, cmd.rid)
         elif isinstance(cmd, Abort):
             if cmd.rid in self._live:
                 self._live.discard(cmd.rid)
@@ -291,12 +283,9 @@ class VLLMEngine(Engine):
                 if p.times:
                     p.wake()
 
-    def _fail_one(self, rid: str, exc: BaseException) -> None:
-        if (p := self._streams.get(rid)) is not None:
-            p.fail(exc)
-
-    def _fail_streams(self, exc: BaseException) -> None:
-        for p in self._streams.values():
+    def _fail(self, exc: BaseException, rid: str | None = None) -> None:
+        """Fail request ``rid``'s stream, or every open stream."""
+        for p in self._streams.values() if rid is None else filter(None, [self._streams.get(rid)]):
             p.fail(exc)
 
     def prompt_input(self, request: Request) -> dict[str, Any]:
@@ -318,7 +307,7 @@ class VLLMEngine(Engine):
 
     def _fail_all(self, exc: BaseException) -> None:
         self._flush()  # the tokens made before the failure reach their records first
-        self._post(self._fail_streams, exc)
+        self._post(self._fail, exc)
         self._live.clear()
 
     def _shutdown(self) -> None:
@@ -336,7 +325,7 @@ class VLLMEngine(Engine):
         """Run ``fn(llm)`` on the stepping thread (between steps) and await its result."""
         if self._thread is None:
             raise EngineError("vllm: engine not started")
-        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        fut: Future[Any] = Future()
         STEPPER.send(self, Call(fn, fut))
         if self._dead is not None:
             raise self._dead
@@ -402,7 +391,7 @@ class VLLMEngine(Engine):
         thread, self._thread = self._thread, None
         if thread is None:
             return
-        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        done: Future[None] = Future()
         STEPPER.send(self, Stop(done))  # the stepping thread shuts the engine down
         try:
             await asyncio.wrap_future(done)

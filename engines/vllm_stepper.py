@@ -20,10 +20,10 @@ per OS thread: each build sets this thread's to 1 (engines/vllm_setup.py: one_th
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import queue
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -48,9 +48,7 @@ class Lane(Protocol):
     def idle(self) -> None:
         """Not busy this round: hand over any outputs still held."""
 
-    def end(
-        self, cause: BaseException | None, stop: concurrent.futures.Future[None] | None
-    ) -> None:
+    def end(self, cause: BaseException | None, stop: Future[None] | None) -> None:
         """Fail the open streams and shut down (``cause`` None: closed by ``stop``)."""
 
     def late(self, cmd: Command) -> None:
@@ -61,7 +59,7 @@ class Lane(Protocol):
 class Open:
     """Build the engine and add it to the stepped ones; ``ready`` says when (or why not)."""
 
-    ready: concurrent.futures.Future[None]
+    ready: Future[None]
 
 
 class Stepper:
