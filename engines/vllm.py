@@ -1,18 +1,16 @@
 """In-process vLLM engine: one ``LLMEngine`` driven request by request, streamed per id.
 
 Design: ``LLM`` is built with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` so the engine core runs in
-this process (no busy engine process fighting for the CPU). The process's one stepping thread,
-shared by its in-process engines (engines/vllm_stepper.py: a lane owning a thread would own that
-thread's CPU placement), owns the engine: it builds it, adds and aborts requests, calls
-``step()`` while requests are unfinished and stamps each step's outputs (DELTA) right after
-``step()`` returns, with the clock the runner passed to :meth:`stream`. The thread appends
-(outputs, stamp) to a list that reaches the event loop at most every ``DELIVERY_S`` and at once
-when a request finishes; there each output is filed into its request's ``Pending`` and each
-stream takes what it has as one chunk (engines/handover.py): no per-token object or wake-up, no
-timestamp moved. ``LLMEngine.add_request`` mutates the scheduler that ``step()`` walks, so
-:meth:`stream` only enqueues it for the thread (requests added while others run join the next
-step). Spec counters: ``step()`` records its stats before it returns its outputs, so a request's
-last chunk arrives after the counters cover every step it used.
+this process (no busy engine process fighting for the CPU). The process's one stepping thread
+(engines/vllm_stepper.py: shared, so no lane owns a thread's CPU placement) builds the engine,
+adds and aborts requests, calls ``step()`` while requests are unfinished and stamps each step's
+outputs (DELTA) right after it returns, with the clock the runner passed to :meth:`stream`. The
+stamped steps reach the event loop at most every ``DELIVERY_S`` and at once when a request
+finishes; there each output is filed into its request's ``Pending`` and each stream takes what
+it has as one chunk (engines/handover.py): no per-token object or wake-up, no timestamp moved.
+``LLMEngine.add_request`` mutates the scheduler that ``step()`` walks, so :meth:`stream` only
+enqueues it for the thread. Spec counters: ``step()`` records its stats before it returns its
+outputs, so a request's last chunk arrives after the counters cover every step it used.
 """
 
 from __future__ import annotations
@@ -47,6 +45,7 @@ from engines.vllm_setup import (
     build_llm,
     free_dist_state,
     keep_dist_state,
+    one_thread_stepping,
     torch_threads_kept,
     validate_config,
 )
@@ -100,13 +99,14 @@ class VLLMEngine(Engine):
 
     async def start(self) -> None:
         self.validate(self.config)
+        if self._thread is not None:
+            raise EngineError("vllm: engine already started")
         ready: Future[None] = Future()
         try:
             with torch_threads_kept():  # the stepping thread sets its own
                 STEPPER.send(self, Open(ready))
                 await asyncio.wrap_future(ready)
-        except Exception as e:
-            self._thread = None
+        except Exception as e:  # (a refused second start leaves the first one's engine)
             raise EngineError(f"vllm: engine failed to start: {type(e).__name__}: {e}") from e
 
     def describe(self) -> Mapping[str, Any]:
@@ -151,7 +151,12 @@ class VLLMEngine(Engine):
     def _load(self) -> Any:
         """Build vLLM's ``LLM`` on the stepping thread. bench/stepsim.py overrides this with a
         step simulator of the same shape (``llm_engine.step()`` & co.)."""
-        llm, self._kwargs, self._defaults, self._facts = build_llm(self.config)
+        try:
+            llm, self._kwargs, self._defaults, self._facts = build_llm(self.config)
+        except BaseException:  # a partial build may have set this thread's OpenMP count, and
+            with contextlib.suppress(Exception):  # the other engines step on it too
+                one_thread_stepping({})
+            raise
         return llm
 
     def busy(self) -> bool:
@@ -182,26 +187,23 @@ class VLLMEngine(Engine):
             error = EngineError("vllm: engine closed")
         else:  # a failed step (or command) leaves the engine unusable
             error = EngineError(f"vllm: engine failed: {type(cause).__name__}: {cause}")
-        self._dead = error
+        self._dead, failed = error, None
         self._fail_all(error)
         try:
             self._shutdown()
         except BaseException as e:  # noqa: BLE001 - reported to close()
-            if stop is not None:
-                stop.set_exception(e)
-            return
-        if stop is not None:
-            stop.set_result(None)
+            failed = e
+        self._thread = self.stepper_native_id = None  # shut down: no longer stepped
+        if stop is not None and stop.set_running_or_notify_cancel():  # else close() gave up
+            stop.set_exception(failed) if failed else stop.set_result(None)
 
     def late(self, cmd: Command) -> None:
         """A command sent after the engine ended (a failed step, or close())."""
         error = self._dead or EngineError("vllm: engine closed")
         if isinstance(cmd, Add):
             self._post(self._fail, error, cmd.rid)
-        elif isinstance(cmd, Call):
-            cmd.done.set_exception(error)
-        elif isinstance(cmd, Stop):
-            cmd.done.set_result(None)
+        elif isinstance(cmd, (Call, Stop)) and cmd.done.set_running_or_notify_cancel():
+            cmd.done.set_exception(error) if isinstance(cmd, Call) else cmd.done.set_result(None)
 
     def handle(self, cmd: Command) -> None:
         if isinstance(cmd, Add):
@@ -214,11 +216,13 @@ class VLLMEngine(Engine):
             if cmd.rid in self._live:
                 self._live.discard(cmd.rid)
                 self._llm.llm_engine.abort_request([cmd.rid])
-        elif isinstance(cmd, Call):
+        elif isinstance(cmd, Call) and cmd.done.set_running_or_notify_cancel():  # else cancelled
             try:
-                cmd.done.set_result(cmd.fn(self._llm))
+                result = cmd.fn(self._llm)
             except BaseException as e:  # noqa: BLE001 - reported to the caller
                 cmd.done.set_exception(e)
+                return
+            cmd.done.set_result(result)
 
     def _post(self, fn: Callable[..., None], *args: Any) -> None:
         """Run ``fn(*args)`` on the event loop (nothing if it is gone: nobody listens)."""
@@ -321,14 +325,15 @@ class VLLMEngine(Engine):
             del llm
             gc.collect()
 
+    def _usable(self) -> None:
+        if self._dead is not None or self._thread is None:
+            raise self._dead or EngineError("vllm: engine not started")
+
     async def call_on_stepper(self, fn: Callable[[Any], Any]) -> Any:
         """Run ``fn(llm)`` on the stepping thread (between steps) and await its result."""
-        if self._thread is None:
-            raise EngineError("vllm: engine not started")
+        self._usable()
         fut: Future[Any] = Future()
-        STEPPER.send(self, Call(fn, fut))
-        if self._dead is not None:
-            raise self._dead
+        STEPPER.send(self, Call(fn, fut))  # an engine that ends meanwhile answers it (late())
         return await asyncio.wrap_future(fut)
 
     # ---- requests ---------------------------------------------------------------------------
@@ -350,17 +355,14 @@ class VLLMEngine(Engine):
     async def stream(
         self, request: Request, params: GenParams, clock: Clock | None = None
     ) -> AsyncIterator[Chunk]:
-        if self._thread is None:
-            raise EngineError("vllm: engine not started")
+        self._usable()
         self._loop = asyncio.get_running_loop()
         self._clock = clock  # one runner at a time: its clock stamps every step
         rid = f"{request.id}#{next(self._ids)}"
         sp = self.sampling_params(request, params, delta=True)
         pending = self._streams[rid] = Pending()
-        STEPPER.send(self, Add(rid, request, sp))
+        STEPPER.send(self, Add(rid, request, sp))  # an engine that ends meanwhile fails it
         try:
-            if self._dead is not None:
-                raise self._dead
             info = {"chat_template": self._has_template and request.messages is not None}
             async for chunk in pending.chunks(info):
                 yield chunk
@@ -383,9 +385,6 @@ class VLLMEngine(Engine):
         """Empty the prefix cache between runs (idle engine: nothing holds a block)."""
         ok = await self.call_on_stepper(lambda llm: llm.reset_prefix_cache())
         return "reset" if ok else "reset refused by vLLM (blocks in use)"
-
-    def max_batch(self) -> int | None:
-        return None
 
     async def close(self) -> None:
         thread, self._thread = self._thread, None

@@ -41,7 +41,8 @@ class Call:
 
 @dataclass(frozen=True)
 class Stop:
-    """Shut the engine down and end the thread; ``done`` says when (or why not)."""
+    """Shut the engine down (the thread ends with its last engine); ``done`` says when (or
+    why not)."""
 
     done: concurrent.futures.Future[None]
 

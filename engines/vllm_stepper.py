@@ -12,10 +12,16 @@ The thread serves one queue of (engine, message) pairs in arrival order: that qu
 one wake-up of the thread, which blocks on it while no engine has unfinished requests (no
 polling). Otherwise it serves what is queued, then steps each engine with unfinished requests
 once (round-robin: correct if slower when several are busy; the interleaved design runs one lane
-at a time). An exception in an engine's callback ends that engine alone; the others go on. The
-thread ends when its last engine has ended and nothing is queued; the next engine to start starts
-a new one (so engines alive at the same time always share one thread). OpenMP's thread count is
-per OS thread: each build sets this thread's to 1 (engines/vllm_setup.py: one_thread_stepping).
+at a time). An exception raised by one engine's open/handle/busy/step/idle ends that engine
+alone; the others go on. A fault of the thread's own (its loop, not an engine's call) ends every
+engine and answers every queued message with it, outside the lock (ending an engine shuts vLLM
+down and collects garbage), so no waiter hangs and the next start gets a new thread. A waiter
+that gave up (a cancelled ``start()`` or call) is skipped: its future is claimed with
+``set_running_or_notify_cancel`` before it is answered, and an engine built for a cancelled start
+is ended, not leaked. The thread ends when its last engine has ended and nothing is queued; the
+next engine to start starts a new one (so engines alive at the same time always share one
+thread). OpenMP's thread count is per OS thread: on CPU, unless the user set OMP_NUM_THREADS,
+each build sets this thread's to 1, a failed one too (engines/vllm_setup.py: one_thread_stepping).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -75,29 +81,35 @@ class Stepper:
         """Queue ``msg`` for ``lane`` (thread-safe); starts the thread if none runs."""
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="vllm-stepper", daemon=True)
-                self._thread.start()
+                # held only once it runs: a thread that failed to start would leave every later
+                # message queued for nobody (the caller hears the failure instead)
+                thread = threading.Thread(target=self._run, name="vllm-stepper", daemon=True)
+                thread.start()
+                self._thread = thread
             self._queue.put((lane, msg))
 
     def _run(self) -> None:
         try:
             self._loop()
         except BaseException as e:  # noqa: BLE001 - a fault of the thread's own, not an engine's
-            # every engine ends with it and every waiter hears (none hangs); under the lock, so
-            # that a next thread finds them ended
-            with self._lock:
+            # every engine ends with it and every waiter hears (none hangs). Engines end outside
+            # the lock (a shutdown that reaches send() must not deadlock, nor block the event
+            # loop's sends); what they send meanwhile is queued here and answered below
+            lanes, self._lanes = self._lanes, []
+            for lane in lanes:
+                with contextlib.suppress(BaseException):
+                    lane.end(e, None)
+            with self._lock:  # from here on, send() starts a new thread
                 self._thread = None
-                lanes, self._lanes = self._lanes, []
-                for lane in lanes:
-                    with contextlib.suppress(BaseException):
-                        lane.end(e, None)
+                items = []
                 while not self._queue.empty():
-                    lane, msg = self._queue.get_nowait()
-                    with contextlib.suppress(BaseException):
-                        if isinstance(msg, Open):
-                            msg.ready.set_exception(e)
-                        else:
-                            lane.late(msg)
+                    items.append(self._queue.get_nowait())
+            for lane, msg in items:
+                with contextlib.suppress(BaseException):
+                    if not isinstance(msg, Open):
+                        lane.late(msg)
+                    elif msg.ready.set_running_or_notify_cancel():
+                        msg.ready.set_exception(e)
 
     def _loop(self) -> None:
         lanes = self._lanes
@@ -129,10 +141,19 @@ class Stepper:
     def _serve(self, lane: Lane, msg: Command | Open) -> None:
         lanes = self._lanes
         if isinstance(msg, Open):
+            if lane in lanes:  # a second start() of a running engine: it must not build twice
+                if msg.ready.set_running_or_notify_cancel():
+                    msg.ready.set_exception(RuntimeError("engine already started"))
+                return
             try:
                 lane.open()
             except BaseException as e:  # noqa: BLE001 - reported to the engine's start()
-                msg.ready.set_exception(e)
+                if msg.ready.set_running_or_notify_cancel():
+                    msg.ready.set_exception(e)
+                return
+            if not msg.ready.set_running_or_notify_cancel():  # start() was cancelled meanwhile:
+                with contextlib.suppress(BaseException):  # nobody will close this engine
+                    lane.end(CancelledError(), None)
                 return
             lanes.append(lane)
             msg.ready.set_result(None)
