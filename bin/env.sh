@@ -9,3 +9,6 @@ fi
 # Idle OpenMP workers sleep after 5 ms instead of spinning 200 ms (the value vLLM sets for its
 # own engine processes): on a shared machine a spinning worker steals the step it waits for.
 export KMP_BLOCKTIME="${KMP_BLOCKTIME:-5}"
+# Bytecode is written on first import (bin/setup compiles none): where PYTHONDONTWRITEBYTECODE
+# is set (this machine), every process would recompile what it imports (+6 s per `import vllm`).
+unset PYTHONDONTWRITEBYTECODE
