@@ -423,6 +423,8 @@ def shared(pair: tuple[str, str]) -> dict[str, Any]:
             out["on_stepper"] = [await e.call_on_stepper(lambda _: threading.get_native_id())
                                  for e in (a, b)]  # fmt: skip
             out["mode"] = a.describe()["mode"]
+            out["built_with"] = [e.describe()["defaults_chosen"].get("build_torch_threads")
+                                 for e in (a, b)]  # fmt: skip
             out["alone"] = [await _ids(e) for e in (a, b, a)]  # the other idles
             both = await asyncio.gather(_ids(a), _ids(b))  # round-robin while both are busy
             out["both"] = list(both)
@@ -451,6 +453,13 @@ def test_engines_of_a_process_share_one_stepping_thread(shared: dict[str, Any]) 
     assert shared["described"] == shared["on_stepper"] == shared["ids"]
     assert shared["ids"][0] != shared["loop_thread"]
     assert "one stepping thread shared by this process's" in shared["mode"]
+
+
+@pytest.mark.slow
+def test_every_engine_is_built_with_the_thread_count_it_steps_with(shared: dict[str, Any]) -> None:
+    """On the shared thread the first engine used to be built at the process default (2 threads)
+    and the later ones at 1: in real A/A runs the first-built engine stepped ~3% slower."""
+    assert shared["built_with"] == [1, 1]
 
 
 @pytest.mark.slow
