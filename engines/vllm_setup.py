@@ -127,11 +127,10 @@ def build_llm(cfg: EngineConfig) -> tuple[Any, dict[str, Any], dict[str, Any], d
     kwargs, defaults = engine_kwargs(cfg)
     patched = patch_kernel_rebinding()
     with cpu_threads(defaults):
-        # before the build too, so every engine is built with the thread count it steps with:
-        # on the shared thread the first engine was built at the process default (2 here), the
-        # later ones at 1, and the first-built one stepped ~3% slower (real A/A, 2026-11-30: in
-        # 6 of 6 runs with the build order swapped run by run; suspected: kernel state made for
-        # the build's thread count)
+        # before the build too, so every engine is built with the thread count it steps with
+        # (on the shared thread the first engine was built at the process default, 2 here, the
+        # later ones at 1). Not the cause of the first-built engine's ~3-5% slower steps in real
+        # A/A runs: that remained after this (README, Statistics: the build order).
         one_thread_stepping(defaults)
         if "stepping_torch_threads" in defaults:
             import torch
