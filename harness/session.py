@@ -25,6 +25,7 @@ from harness.design import (
     INTERLEAVED,
     SEQUENTIAL,
     Slot,
+    build_order,
     design_record,
     lane_order,
     warmup_requests,
@@ -93,6 +94,7 @@ class Session:
     runs: list[Run] = field(default_factory=list)
     engine_factory: Callable[[EngineConfig], Engine] | None = None
     design: str = INTERLEAVED  # what execute() chose (harness.design)
+    built: list[str] = field(default_factory=list)  # engine/label in the order engines were built
     _t0: float = 0.0
     _seq: int = 0  # runs so far
     _blocks: int = 0  # blocks (one repeat of every lane) so far: the rotation
@@ -121,7 +123,9 @@ class Session:
         return self.runs
 
     def design_record(self, labels: Sequence[str]) -> dict[str, Any]:
-        return design_record(self.design, self.plan.seed, self.plan.prefix_cache, labels)
+        return design_record(
+            self.design, self.plan.seed, self.plan.prefix_cache, labels, self.built
+        )
 
     def _todo(self, lane: Lane) -> list[Point]:
         def done(p: Point) -> bool:
@@ -135,8 +139,9 @@ class Session:
     async def _run_lanes(self, lanes: list[Lane]) -> None:
         lanes = [lane for lane in lanes if self._todo(lane)]
         try:
-            for lane in lanes:
-                await self._start(lane)
+            for i in build_order(len(lanes), self.plan.seed):  # seeded, recorded (design.py)
+                self.built.append(f"{lanes[i].config.engine}/{lanes[i].label}")
+                await self._start(lanes[i])
             live = [lane for lane in lanes if lane.engine is not None]
             for index, p in enumerate(self.plan.points()):
                 if self.stop or not live:
