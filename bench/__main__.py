@@ -32,6 +32,7 @@ BENCHMARKS = {
     "workers": "bench.workers",
 }
 HERE = Path(__file__).resolve().parent
+ROUNDS_ENV = "BENCH_ROUNDS"
 ENV_PREFIX = "LD_PRELOAD=.venv/lib/libiomp5.so VLLM_ENABLE_V1_MULTIPROCESSING=0 "
 
 
@@ -123,9 +124,17 @@ def main() -> None:
         "names", nargs="*", metavar="NAME", help=f"default all: {', '.join(BENCHMARKS)}"
     )
     ap.add_argument("--quick", action="store_true", help="smoke variant (< 2 min)")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="rounds of the interleaved benchmarks that take it (fidelity; default its own)",
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.rounds is not None:  # read by the child (every benchmark's run() takes only quick)
+        os.environ[ROUNDS_ENV] = str(args.rounds)
     if args.child:
         _child(args.child, args.quick, args.out)
         return

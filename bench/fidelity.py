@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import io
 import json
+import os
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -62,6 +63,7 @@ async def run(quick: bool) -> Result:
     work = Path(tempfile.mkdtemp(prefix="bench-fidelity-"))
     # 128 x 64 tokens: ~9 s per run on an idle machine (64 x 64, ~5 s, left every CI inconclusive)
     c, n, tokens, rounds = (4, 8, 16, 1) if quick else (8, 128, 64, 12)
+    rounds = int(os.environ.get("BENCH_ROUNDS") or rounds)  # python -m bench --rounds N
     texts = prompts(n, tag="fid")
     data = work / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
