@@ -167,6 +167,10 @@ class Capabilities:
     # runs the speculative_config ``harness tune`` writes (vLLM's per-batch-size
     # ``num_speculative_tokens_per_batch_size``), so tune can measure and verify through it
     tunable: bool = False
+    # starting a fresh instance is cheap (seconds): the session builds every lane's engine anew
+    # for each block (repeat), so an instance's own speed offset varies between blocks and the
+    # CI, which is computed over blocks, covers it (harness.design: instances)
+    rebuild_per_block: bool = False
 
 
 @runtime_checkable

@@ -50,7 +50,9 @@ class HFEngine(Engine):
     name: ClassVar[str] = "hf"
     spec_methods: ClassVar[tuple[str, ...]] = SPEC_METHODS
     # several configurations fit one process (runs interleave); baseline batches are static
-    capabilities: ClassVar[Capabilities] = Capabilities(coexist=True, static_batching=True)
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        coexist=True, static_batching=True, rebuild_per_block=True
+    )
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config

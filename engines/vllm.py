@@ -67,7 +67,9 @@ class VLLMEngine(Engine):
     spec_methods: ClassVar[tuple[str, ...]] = SPEC_METHODS
     # several engines live in one process (stepped by one shared thread, idle while another
     # lane runs): its counters come from its own stats tap, and shutdown spares the others
-    capabilities: ClassVar[Capabilities] = Capabilities(coexist=True, tunable=True)
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        coexist=True, tunable=True, rebuild_per_block=True
+    )
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config

@@ -116,24 +116,67 @@ def _scramble(text: str, k: int) -> str:
     return f"warm-up {k}: " + " ".join(reversed(text.split(" ")))
 
 
-def build_order(n_lanes: int, seed: int) -> list[int]:
-    """The order the lanes' engines are built in: a seeded permutation, recorded. In one process
-    the engine built first stepped 3-5% slower than those built after it (real A/A runs, README:
-    the build order); building the baseline first made that a bias for every speculative
-    variant, a random order makes it an instance effect of random sign."""
-    return random.Random(f"build-{seed}").sample(range(n_lanes), n_lanes)
+PER_BLOCK = "per-block"  # a fresh engine instance per block (repeat) for every lane
+ONE = "one"  # one engine instance per lane for the whole run
+INSTANCES = (PER_BLOCK, ONE)
+INSTANCE_DESCRIPTIONS = {
+    PER_BLOCK: "a fresh engine instance per block, built in a seeded random order per block, so "
+    "an instance's own speed offset varies between blocks and is inside the CI",
+    ONE: "one engine instance per variant for the whole run: an instance's own speed offset "
+    "(a few % in real A/A runs) is constant across blocks and NOT inside the CI",
+}
+
+
+def build_order(n_lanes: int, seed: int, block: int = 0) -> list[int]:
+    """The order the lanes' engines are built in for ``block`` (when they are rebuilt per
+    block): seeded, recorded. In one process the engine built first stepped 3-5% slower than
+    those built after it (real A/A runs, README: the build order); building the baseline first
+    made that a bias for every speculative variant. Here the lane built first is balanced (over
+    each ``n_lanes`` consecutive blocks every lane leads once, in a seeded order per cycle) and
+    the rest follow in a seeded random order per block."""
+    lanes = list(range(n_lanes))
+    if not lanes:
+        return []
+    cycle, k = divmod(block, n_lanes)
+    leaders = random.Random(f"build-{seed}-cycle-{cycle}").sample(lanes, n_lanes)
+    rest = [i for i in lanes if i != leaders[k]]
+    random.Random(f"build-{seed}-{block}").shuffle(rest)
+    return [leaders[k], *rest]
+
+
+def build_orders(design: Mapping[str, Any]) -> list[list[str]]:
+    """The build order of every block from a stored design record; files written before
+    engines were rebuilt per block hold one flat list (one build for the whole run)."""
+    orders = design.get("build_order") or []
+    if orders and all(isinstance(x, str) for x in orders):
+        return [list(orders)]
+    return [list(o) for o in orders]
 
 
 def design_record(
-    design: str, seed: int, prefix_cache: str, labels: Sequence[str], built: Sequence[str] = ()
+    design: str,
+    seed: int,
+    prefix_cache: str,
+    labels: Sequence[str],
+    built: Sequence[Sequence[str]] = (),
+    instances: Mapping[str, str] | None = None,
 ) -> dict:
-    """The session-level description stored in results.json."""
+    """The session-level description stored in results.json. ``built``: the engines (as
+    ``engine/label``) in the order they were built, one list per block; ``instances``: per
+    lane, PER_BLOCK or ONE."""
+    kinds = sorted(set((instances or {}).values()))
     return {
         "name": design,
         "description": DESCRIPTIONS[design],
         "seed": seed,
         "lanes": list(labels),
-        **({"build_order": list(built)} if built else {}),
+        **({"build_order": [list(b) for b in built]} if built else {}),
+        **({"instances": dict(instances)} if instances else {}),
+        **(
+            {"instances_description": "; ".join(INSTANCE_DESCRIPTIONS[k] for k in kinds)}
+            if kinds
+            else {}
+        ),
         "prefix_cache": prefix_cache,
         "prefix_cache_description": CACHE_DESCRIPTIONS[prefix_cache],
         "warmup_prompts": "unmeasured: measured prompts with words reversed behind a marker",

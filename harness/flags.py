@@ -243,6 +243,14 @@ def build_parser() -> argparse.ArgumentParser:
         "alike; every variant's engine is then alive at once)",
     )
     r.add_argument(
+        "--instances",
+        default=None,
+        choices=["per-block", "one"],
+        help="engine instances: a fresh one per block (repeat) for every variant, so an "
+        "instance's own speed offset is inside the CI, or one per variant for the whole run; "
+        "default: per-block where a start is cheap (vllm, hf), one for servers",
+    )
+    r.add_argument(
         "--aa",
         action="store_true",
         help="A/A run: the baseline configuration twice (baseline, baseline-aa), interleaved and "

@@ -20,6 +20,7 @@ from harness.columns import (
     method_tag,
     percentile_columns,
 )
+from harness.design import PER_BLOCK
 from harness.results import PACKAGES
 
 FOOTNOTE = (
@@ -51,6 +52,18 @@ def _at(items: Sequence[Mapping[str, Any]] | None, i: int | None) -> Mapping[str
     return None if i is None or items is None else items[i]
 
 
+def _instances_phrase(instances: Mapping[str, str]) -> str:
+    """One short phrase: fresh engine instances per block, or one for the whole run (then an
+    instance's own speed offset is not inside the CI); older files say nothing."""
+    kinds = set(instances.values())
+    if not kinds:
+        return ""
+    if kinds == {PER_BLOCK}:
+        return "Engines: a fresh instance per block (seeded build order per block). "
+    ones = ", ".join(lane for lane, k in instances.items() if k != PER_BLOCK)
+    return f"Engines: one instance for the whole run ({ones}): instance effect not in the CI. "
+
+
 def _design_lines(results: Mapping[str, Any]) -> list[str]:
     """The design (harness.design) and what each engine's cache got before its measured runs."""
     design = results.get("design")
@@ -65,7 +78,8 @@ def _design_lines(results: Mapping[str, Any]) -> list[str]:
     return [
         "",
         f"Design: {design['name']} ({design['description']}). "
-        f"Prefix cache: {design['prefix_cache_description']}"
+        + _instances_phrase(design.get("instances") or {})
+        + f"Prefix cache: {design['prefix_cache_description']}"
         + (f" (before each measured run: {done})." if done else "."),
     ]
 

@@ -77,6 +77,7 @@ class RunPlan:
     turn: int = 0  # which turn of multi-turn files
     # ---- how the session runs
     interleave: bool = True  # rotated interleaving (harness.design); False: --sequential
+    instances: str | None = None  # harness.design.INSTANCES; None: per engine (rebuild_per_block)
     sample_load_s: float | None = None  # sample server gauges this often during runs
     max_error_rate: float | None = None  # stop the run once this share of requests failed
     # ---- analysis and output (never change a measurement)

@@ -108,6 +108,7 @@ def build_plan(
         num_prompts=args.num_prompts,
         turn=args.turn,
         interleave=not args.sequential,
+        instances=args.instances,
         sample_load_s=args.sample_server_load,
         max_error_rate=args.max_error_rate,
         min_effect=args.min_effect,

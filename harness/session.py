@@ -23,6 +23,8 @@ from engines.base import (
 from harness.analysis import precise_enough
 from harness.design import (
     INTERLEAVED,
+    ONE,
+    PER_BLOCK,
     SEQUENTIAL,
     Slot,
     build_order,
@@ -31,55 +33,12 @@ from harness.design import (
     warmup_requests,
 )
 from harness.journal import Journal
+from harness.lanes import Lane, StopFlag, close_lanes, unsupported_method
+from harness.load_sampler import LoadSampler
 from harness.plan import Point, RunPlan
 from harness.records import RequestRecord
 from harness.results import Cell, Run
 from harness.runner import Runner, error_line
-
-
-def unsupported_method(config: EngineConfig) -> str | None:
-    """ "unsupported (...)" when the engine cannot run the config's speculative method at all
-    (the plan keeps such variants so that the table says so), else None."""
-    from engines.base import engine_class
-
-    method = config.spec_method
-    if method is None or method in engine_class(config.engine).spec_methods:
-        return None
-    return f"unsupported ({config.engine} has no {method})"
-
-
-@dataclass
-class StopFlag:
-    """Set by a signal or by --max-error-rate: stop sending, keep what finished."""
-
-    reason: str | None = None
-
-    def set(self, reason: str) -> None:
-        self.reason = self.reason or reason
-
-    def __bool__(self) -> bool:
-        return self.reason is not None
-
-
-@dataclass(eq=False)
-class Lane:
-    """One engine configuration and, while it runs, its started engine."""
-
-    label: str
-    config: EngineConfig
-    engine: Engine | None = None
-    info: dict[str, Any] = field(default_factory=dict)
-    clients: Any = None  # harness.client_workers.ClientPool under --client-workers N > 1
-
-    def with_share(self, n: int) -> Lane:
-        """The lane told that ``n`` engines share the process and device (memory budgets)."""
-        return Lane(self.label, replace(self.config, share=n))
-
-    @property
-    def coexist(self) -> bool:
-        from engines.base import engine_class
-
-        return engine_class(self.config.engine).capabilities.coexist
 
 
 @dataclass
@@ -94,7 +53,8 @@ class Session:
     runs: list[Run] = field(default_factory=list)
     engine_factory: Callable[[EngineConfig], Engine] | None = None
     design: str = INTERLEAVED  # what execute() chose (harness.design)
-    built: list[str] = field(default_factory=list)  # engine/label in the order engines were built
+    built: list[list[str]] = field(default_factory=list)  # per block: engine/label, build order
+    instances: dict[str, str] = field(default_factory=dict)  # engine/label -> PER_BLOCK | ONE
     _t0: float = 0.0
     _seq: int = 0  # runs so far
     _blocks: int = 0  # blocks (one repeat of every lane) so far: the rotation
@@ -124,7 +84,7 @@ class Session:
 
     def design_record(self, labels: Sequence[str]) -> dict[str, Any]:
         return design_record(
-            self.design, self.plan.seed, self.plan.prefix_cache, labels, self.built
+            self.design, self.plan.seed, self.plan.prefix_cache, labels, self.built, self.instances
         )
 
     def _todo(self, lane: Lane) -> list[Point]:
@@ -136,11 +96,22 @@ class Session:
 
         return [p for p in self.plan.points() if not done(p)]
 
+    def _built(self, block: int) -> list[str]:
+        while len(self.built) <= block:
+            self.built.append([])
+        return self.built[block]
+
     async def _run_lanes(self, lanes: list[Lane]) -> None:
+        per_block = all(lane.instances(self.plan.instances) == PER_BLOCK for lane in lanes)
+        for lane in lanes:
+            self.instances[lane.name] = PER_BLOCK if per_block else ONE
+        if per_block:
+            await self._run_blocks(lanes)
+            return
         lanes = [lane for lane in lanes if self._todo(lane)]
         try:
             for i in build_order(len(lanes), self.plan.seed):  # seeded, recorded (design.py)
-                self.built.append(f"{lanes[i].config.engine}/{lanes[i].label}")
+                self._built(0).append(lanes[i].name)
                 await self._start(lanes[i])
             live = [lane for lane in lanes if lane.engine is not None]
             for index, p in enumerate(self.plan.points()):
@@ -148,24 +119,91 @@ class Session:
                     break
                 await self._repeat_point([lane for lane in live if p in self._todo(lane)], p, index)
         finally:
-            for lane in lanes:
-                if lane.clients is not None:
-                    with contextlib.suppress(Exception):
-                        await lane.clients.close()
-                    lane.clients = None
-                if lane.engine is not None:
-                    with contextlib.suppress(Exception):
-                        await lane.engine.close()
-                    lane.engine = None
+            await close_lanes(lanes)
 
-    async def _start(self, lane: Lane) -> None:
+    async def _run_blocks(self, lanes: list[Lane]) -> None:
+        """Fresh engine instances per block: for block r, build every lane that has a cell to
+        run (seeded order per block, recorded), run repeat r of every point still repeating
+        (lanes in the rotated order), close them. An instance's own speed offset then varies
+        between blocks, where the CI (over blocks) sees it. --target-ci adds blocks, only for
+        the points whose deciding comparison is not yet precise enough."""
+        points = list(self.plan.points())
+        halted: set[tuple[int, int]] = set()  # (lane, point) whose run failed: no more repeats
+        dead: set[int] = set()  # lanes whose engine did not start
+        for block in range(self.plan.max_repeats):
+            if self.stop:
+                break
+            wanted = [i for i, p in enumerate(points) if self._repeating(lanes, p, block)]
+            if not wanted:
+                break
+            todo = {
+                (k, i): cell
+                for k, lane in enumerate(lanes)
+                for i in wanted
+                if k not in dead and (k, i) not in halted
+                for cell in [self.plan.cell(lane.config.engine, lane.label, points[i], block)]
+                if cell.key not in self.done
+            }
+            if todo:
+                await self._block(lanes, points, block, todo, halted, dead)
+
+    def _repeating(self, lanes: list[Lane], p: Point, block: int) -> bool:
+        """Whether point ``p`` gets a repeat in ``block``: the first --repeats always, then
+        while --target-ci asks for more (analysis.precise_enough)."""
+        if block < self.plan.repeats:
+            return True
+        if self.plan.target_ci is None:
+            return False
+        group = self.plan.cell(lanes[0].config.engine, lanes[0].label, p, 0).group
+        here = [r for r in self.runs if r.cell.group == group]
+        return not precise_enough(here, self.plan.target_ci)
+
+    async def _block(
+        self,
+        lanes: list[Lane],
+        points: Sequence[Point],
+        block: int,
+        todo: dict[tuple[int, int], Cell],
+        halted: set[tuple[int, int]],
+        dead: set[int],
+    ) -> None:
+        try:
+            for k in build_order(len(lanes), self.plan.seed, block):
+                cells = [cell for (j, _), cell in sorted(todo.items()) if j == k]
+                if not cells or self.stop:
+                    continue
+                self._built(block).append(lanes[k].name)
+                await self._start(lanes[k], cells)
+                if lanes[k].engine is None:
+                    dead.add(k)
+            for i in sorted({i for _, i in todo}):
+                position = 0
+                for k in lane_order(len(lanes), block + i, self.plan.seed):
+                    lane, cell = lanes[k], todo.get((k, i))
+                    if self.stop:
+                        break
+                    if cell is None or lane.engine is None:
+                        continue
+                    slot = Slot(self.design, i, block, position, self._seq)
+                    self._seq += 1
+                    position += 1
+                    run = await self._run_point(lane, cell, points[i], True, slot)  # fresh: warm
+                    if run.status != "ok":
+                        halted.add((k, i))
+        finally:
+            await close_lanes(lanes)
+
+    async def _start(self, lane: Lane, cells: Sequence[Cell] | None = None) -> None:
+        """Start the lane's engine; if it cannot start, ``cells`` get the reason as status
+        (default: repeat 0 of every point it has to run)."""
         from engines.base import create_engine
 
         config = lane.config
+        if cells is None:
+            cells = [self.plan.cell(config.engine, lane.label, p, 0) for p in self._todo(lane)]
         missing = unsupported_method(config)
         if missing:
-            for p in self._todo(lane):
-                cell = self.plan.cell(config.engine, lane.label, p, 0)
+            for cell in cells:
                 self._finish(Run(cell, config.spec_config, (), status=missing), missing)
             return
         engine = (self.engine_factory or create_engine)(config)
@@ -179,8 +217,7 @@ class Session:
         except Exception as exc:
             status = f"failed: engine did not start: {error_line(exc)}"
             self._say(status)
-            for p in self._todo(lane):
-                cell = self.plan.cell(config.engine, lane.label, p, 0)
+            for cell in cells:
                 self._finish(Run(cell, config.spec_config, (), status=status), status)
             with contextlib.suppress(Exception):
                 await engine.close()
@@ -189,11 +226,11 @@ class Session:
         lane.info = dict(engine.describe())
         if lane.clients is not None:
             lane.info["client_workers"] = lane.clients.describe()
-        if config.spec_config is not None:
+        if config.spec_config is not None and lane.step_costs is None:  # once per lane
             with contextlib.suppress(Exception):
-                costs = await asyncio.to_thread(engine.step_costs)
-                if costs is not None:
-                    lane.info["step_costs"] = costs
+                lane.step_costs = await asyncio.to_thread(engine.step_costs)
+        if lane.step_costs is not None:
+            lane.info["step_costs"] = lane.step_costs
 
     async def _repeat_point(self, lanes: list[Lane], p: Point, index: int) -> None:
         """Repeats of one point, every lane once per repeat in the design's rotated order:
@@ -287,7 +324,7 @@ class Session:
             slot = replace(slot, cache=await self._reset_cache(engine))
             slot = replace(slot, t_start_s=self.clock() - self._t0)
             before, cache_before = await _counters(engine), _cache_counters(engine)
-            sampler = _LoadSampler(engine, self.plan.sample_load_s)
+            sampler = LoadSampler(engine, self.plan.sample_load_s)
             async with sampler:
                 await runner.run(requests, params, p.strategy, duration=self.plan.duration)
             after, cache_after = await _counters(engine), _cache_counters(engine)
@@ -348,47 +385,3 @@ async def _counters(engine: Engine) -> SpecCounters | None:
 def _cache_counters(engine: Engine) -> dict[str, int] | None:
     """The engine's cumulative prefix-cache queries/hits (tokens), where it counts them."""
     return engine.prefix_cache_counters()
-
-
-class _LoadSampler:
-    """Samples the server's own running/waiting gauges during a run (HTTP engines), only when
-    asked: each scrape makes the server render its /metrics page (vLLM: the whole Prometheus
-    text) while it is being measured. Counters are read at the run's start and end anyway."""
-
-    def __init__(self, engine: Engine, every: float | None = None):
-        self.sample = engine.sample_load if engine.capabilities.load_gauges else None
-        self.every = every
-        self.samples: list[dict[str, float]] = []
-        self._task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> _LoadSampler:
-        if self.sample is not None and self.every:
-            self._task = asyncio.ensure_future(self._loop())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-
-    async def _loop(self) -> None:
-        assert self.sample is not None and self.every
-        while True:
-            with contextlib.suppress(Exception):
-                s = await self.sample()
-                if s:
-                    self.samples.append(s)
-            await asyncio.sleep(self.every)
-
-    def summary(self) -> dict[str, Any]:
-        """``{"server_load": {"sample_interval_s": None}}`` when not sampled (engines that could)."""
-        if self.sample is None:
-            return {}
-        out: dict[str, Any] = {"sample_interval_s": self.every, "samples": len(self.samples)}
-        for k in self.samples[0] if self.samples else ():
-            xs = [s[k] for s in self.samples if s.get(k) is not None]
-            if xs:
-                out[f"server_{k}_peak"] = max(xs)
-                out[f"server_{k}_mean"] = sum(xs) / len(xs)
-        return {"server_load": out}

@@ -44,9 +44,12 @@ def _repeats_run(noise: float) -> Counter[str]:
     plan = build_plan(args, "model", None)
     clock = FakeClock()
 
-    def factory(config: EngineConfig) -> NoisyEngine:
+    built: list[NoisyEngine] = []
+
+    def factory(config: EngineConfig) -> NoisyEngine:  # a fresh instance per block: own draws
         spec = config.spec_config is not None
-        return NoisyEngine(clock, 0.01 if spec else 0.02, noise if spec else 0.0, seed=1)
+        built.append(NoisyEngine(clock, 0.01 if spec else 0.02, noise if spec else 0.0, len(built)))
+        return built[-1]
 
     base = EngineConfig(engine="hf", model="model")
     cand = EngineConfig(engine="hf", model="model", spec_config={"method": "ngram"})
