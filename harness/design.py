@@ -7,6 +7,10 @@ block, so each lane takes each position equally often and a machine that drifts
 run one after the other ("sequential"): each variant's repeats form one block, which a paired
 verdict must treat with care (between-block drift is not cancelled).
 
+Engine instances: an in-process engine keeps a speed offset of a few % for its whole life, so
+where a start is cheap each block runs on fresh instances (PER_BLOCK), built in a seeded order
+per block, and the offset varies between blocks, inside the CI; servers keep ONE instance.
+
 Every run records where it sat in the schedule (:class:`Slot`), so the statistics can pair a
 baseline and a candidate by repeat (the "block" of the interleaved design) and anyone can check
 from results.json that start times alternate.

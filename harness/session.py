@@ -33,7 +33,7 @@ from harness.design import (
     warmup_requests,
 )
 from harness.journal import Journal
-from harness.lanes import Lane, StopFlag, close_lanes, unsupported_method
+from harness.lanes import Lane, StopFlag, close_lanes, rss_mb, unsupported_method
 from harness.load_sampler import LoadSampler
 from harness.plan import Point, RunPlan
 from harness.records import RequestRecord
@@ -55,6 +55,7 @@ class Session:
     design: str = INTERLEAVED  # what execute() chose (harness.design)
     built: list[list[str]] = field(default_factory=list)  # per block: engine/label, build order
     instances: dict[str, str] = field(default_factory=dict)  # engine/label -> PER_BLOCK | ONE
+    rss_after_block_mb: list[float | None] = field(default_factory=list)  # per-block instances
     _t0: float = 0.0
     _seq: int = 0  # runs so far
     _blocks: int = 0  # blocks (one repeat of every lane) so far: the rotation
@@ -83,9 +84,12 @@ class Session:
         return self.runs
 
     def design_record(self, labels: Sequence[str]) -> dict[str, Any]:
-        return design_record(
+        record = design_record(
             self.design, self.plan.seed, self.plan.prefix_cache, labels, self.built, self.instances
         )
+        if self.rss_after_block_mb:  # a leak from rebuilding engines would show here
+            record["rss_after_block_mb"] = list(self.rss_after_block_mb)
+        return record
 
     def _todo(self, lane: Lane) -> list[Point]:
         def done(p: Point) -> bool:
@@ -192,6 +196,7 @@ class Session:
                         halted.add((k, i))
         finally:
             await close_lanes(lanes)
+            self.rss_after_block_mb.append(rss_mb())
 
     async def _start(self, lane: Lane, cells: Sequence[Cell] | None = None) -> None:
         """Start the lane's engine; if it cannot start, ``cells`` get the reason as status

@@ -111,3 +111,18 @@ def test_prefix_cache_counters_see_hits_until_reset(embedded_pair: tuple[str, st
 
     first, repeat, after_reset = asyncio.run(go())
     assert first["hits"] == 0 and repeat["hits"] >= 128 and after_reset["hits"] == 0
+
+
+def test_engines_rebuilt_block_by_block_do_not_grow_memory(embedded_pair: tuple[str, str]) -> None:
+    """Fresh in-process vLLM engines per block (closed before the next are built, on the shared
+    stepping thread): the process's memory after block 4 is not that of 4 blocks' engines."""
+    target, _ = embedded_pair
+    config = EngineConfig(engine="vllm", model=target)
+    plan = _plan(modes=("latency",), max_new_tokens=(4,), repeats=4, max_repeats=4, warmup=0)
+    s = Session(plan, PROMPTS[:1], progress=False)
+    asyncio.run(s.execute([("baseline", config), ("baseline-aa", config)]))
+    assert [r.status for r in s.runs] == ["ok"] * 8
+    assert len(s.built) == 4 and all(len(b) == 2 for b in s.built)
+    rss = s.design_record(["baseline", "baseline-aa"])["rss_after_block_mb"]
+    print(f"RSS after each block (MB): {rss}")
+    assert len(rss) == 4 and rss[3] - rss[0] < 300, rss  # 2 leaked engines: ~1 GB per block

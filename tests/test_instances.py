@@ -99,6 +99,7 @@ def test_every_block_builds_fresh_instances_in_its_own_seeded_order() -> None:
     record = session.design_record([f"rebuilt/{lb}" for lb in LABELS])
     assert record["build_order"] == orders and set(record["instances"].values()) == {PER_BLOCK}
     assert "inside the CI" in record["instances_description"]
+    assert len(record["rss_after_block_mb"]) == 3  # measured after every block's close
     # each block: its instances start, run every point's repeat, close before the next block
     for b in range(3):
         block_ids = {id(m) for m in made[3 * b : 3 * b + 3]}
