@@ -205,6 +205,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="warm-up requests before each point, recorded but not counted (default 2)",
     )
     r.add_argument(
+        "--warmup-tokens",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="cap on the new tokens of each warm-up request (default: the point's length); "
+        "warm-ups run before every point of every fresh engine instance (--instances per-block)",
+    )
+    r.add_argument(
         "--min-effect",
         type=float,
         default=0.02,

@@ -77,6 +77,7 @@ class RunPlan:
     turn: int = 0  # which turn of multi-turn files
     # ---- how the session runs
     interleave: bool = True  # rotated interleaving (harness.design); False: --sequential
+    warmup_tokens: int | None = None  # cap on a warm-up request's new tokens (None: the point's)
     instances: str | None = None  # harness.design.INSTANCES; None: per engine (rebuild_per_block)
     sample_load_s: float | None = None  # sample server gauges this often during runs
     max_error_rate: float | None = None  # stop the run once this share of requests failed

@@ -91,6 +91,7 @@ def build_plan(
         metadata=dict(args.metadata),
         repeats=args.repeats,
         warmup=args.warmup,
+        warmup_tokens=args.warmup_tokens,
         target_ci=args.target_ci,
         max_repeats=max(args.max_repeats, args.repeats) if args.target_ci else args.repeats,
         seed=args.seed,

@@ -324,7 +324,8 @@ class Session:
         status, spec_metrics, extra = "ok", None, {}
         try:
             if warmup and self.plan.warmup:  # unmeasured prompts: they warm no measured prompt
-                warm = warmup_requests(self.requests, self.plan.warmup)
+                cap, length = self.plan.warmup_tokens, params.max_new_tokens
+                warm = warmup_requests(self.requests, self.plan.warmup, cap, length)
                 await runner.run(warm, params, p.strategy, warmup=True)
             slot = replace(slot, cache=await self._reset_cache(engine))
             slot = replace(slot, t_start_s=self.clock() - self._t0)

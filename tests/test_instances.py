@@ -259,3 +259,32 @@ def test_the_header_line_says_which_instances() -> None:
     assert "instance effect not in the CI" in one and "vllm-server/ngram" in one
     old = design_record("interleaved", 0, "reset", ["a"], [["a"]])
     assert "Engines:" not in _design_lines({"design": old})[1]
+
+
+def test_warmup_tokens_caps_the_warmup_requests_only() -> None:
+    from harness.design import warmup_requests
+
+    reqs = [Request("a", "x y"), Request("b", "y z", max_new_tokens=4)]
+    assert [w.max_new_tokens for w in warmup_requests(reqs, 2)] == [None, 4]  # as before
+    assert [w.max_new_tokens for w in warmup_requests(reqs, 2, 8, 40)] == [8, 4]
+    plan = build_plan(build_parser().parse_args(["--engine", "hf", "--warmup-tokens", "8"]),
+                      "m", None)  # fmt: skip
+    assert plan.warmup_tokens == 8 and plan.to_json()["warmup_tokens"] == 8
+    seen: list[Request] = []
+
+    class Spy(Instance):
+        async def stream(self, request: Request, params: GenParams, clock: Any = None) -> Any:
+            seen.append(request)
+            async for c in super().stream(request, params, clock):
+                yield c
+
+    plan = dataclasses.replace(
+        _plan(engines=("rebuilt",), repeats=1, max_repeats=1), warmup_tokens=3
+    )
+    clock, log = FakeClock(), []
+    s = Session(plan, PROMPTS, progress=False, clock=clock,
+                engine_factory=lambda c: Spy(clock, "x", log))  # fmt: skip
+    asyncio.run(s.execute([("baseline", EngineConfig(engine="rebuilt", model="m"))]))
+    warm = [r for r in seen if r.id.startswith("warmup-")]
+    assert warm and {r.max_new_tokens for r in warm} == {3}
+    assert {r.max_new_tokens for r in seen if not r.id.startswith("warmup-")} == {None}
