@@ -62,9 +62,12 @@ def test_three_in_process_engines_run_interleaved(session: Session) -> None:
     }
     for label in ("ngram", "draft_model"):  # both engines alive at once answer identically
         assert lossless(by["baseline"], by[label], 0.0)["share_identical"] == 1.0
-    # the lanes step on one thread: none owns a thread's CPU placement (engines/vllm_stepper.py)
-    threads = {r.engine_info["stepping_thread"] for r in runs}
-    assert len(threads) == 1 and None not in threads
+    # the lanes step on one thread: none owns a thread's CPU placement (engines/vllm_stepper.py);
+    # a block's fresh engines on one thread (a new one per block: the last engine's close ends it)
+    for block in {r.schedule.block for r in runs}:
+        threads = {r.engine_info["stepping_thread"] for r in runs if r.schedule.block == block}
+        assert len(threads) == 1 and None not in threads
+    assert len(session.built) == 2 and all(len(b) == 3 for b in session.built)  # per block
 
 
 def test_each_engine_counts_its_own_speculation(session: Session) -> None:
