@@ -213,6 +213,7 @@ class Session:
             return
         engine = (self.engine_factory or create_engine)(config)
         self._say(f"starting {config.engine} [{lane.label}]")
+        t_build = time.perf_counter()  # wall time of the build (real, not the session clock)
         try:
             await engine.start()
             if self.plan.client_workers > 1:
@@ -228,7 +229,7 @@ class Session:
                 await engine.close()
             return
         lane.engine = engine
-        lane.info = dict(engine.describe())
+        lane.info = {**engine.describe(), "start_s": round(time.perf_counter() - t_build, 3)}
         if lane.clients is not None:
             lane.info["client_workers"] = lane.clients.describe()
         if config.spec_config is not None and lane.step_costs is None:  # once per lane
