@@ -137,6 +137,19 @@ INSTANCE_DESCRIPTIONS = {
     "(a few % in real A/A runs) is constant across blocks and NOT inside the CI",
 }
 
+# a fresh instance warms up before every point of every block: at full length that alone took
+# the main job past its 10 minutes (~48 s a block); 8 new tokens still run every decode shape of
+# the point (batch sizes, the drafter's proposals), not the longest contexts
+PER_BLOCK_WARMUP_TOKENS = 8
+
+
+def warmup_cap(asked: int | None, instances: str) -> int | None:
+    """New tokens per warm-up request: ``--warmup-tokens`` if given, else
+    ``PER_BLOCK_WARMUP_TOKENS`` for per-block instances, else None (the point's length)."""
+    if asked is not None:
+        return asked
+    return PER_BLOCK_WARMUP_TOKENS if instances == PER_BLOCK else None
+
 
 def build_order(n_lanes: int, seed: int, block: int = 0) -> list[int]:
     """The order the lanes' engines are built in for ``block`` (when they are rebuilt per
@@ -171,10 +184,12 @@ def design_record(
     labels: Sequence[str],
     built: Sequence[Sequence[str]] = (),
     instances: Mapping[str, str] | None = None,
+    warmup_tokens: Mapping[str, int | None] | None = None,
 ) -> dict:
     """The session-level description stored in results.json. ``built``: the engines (as
     ``engine/label``) in the order they were built, one list per block; ``instances``: per
-    lane, PER_BLOCK or ONE."""
+    lane, PER_BLOCK or ONE; ``warmup_tokens``: per lane, the cap on a warm-up request's new
+    tokens (None: the point's length)."""
     kinds = sorted(set((instances or {}).values()))
     return {
         "name": design,
@@ -183,6 +198,7 @@ def design_record(
         "lanes": list(labels),
         **({"build_order": [list(b) for b in built]} if built else {}),
         **({"instances": dict(instances)} if instances else {}),
+        **({"warmup_tokens": dict(warmup_tokens)} if warmup_tokens else {}),
         **(
             {"instances_description": "; ".join(INSTANCE_DESCRIPTIONS[k] for k in kinds)}
             if kinds

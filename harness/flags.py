@@ -209,8 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         default=None,
         metavar="N",
-        help="cap on the new tokens of each warm-up request (default: the point's length); "
-        "warm-ups run before every point of every fresh engine instance (--instances per-block)",
+        help="cap on the new tokens of each warm-up request (default: 8 with fresh engine "
+        "instances per block, which warm up before every point of every block; else the "
+        "point's length)",
     )
     r.add_argument(
         "--min-effect",

@@ -30,6 +30,7 @@ from harness.design import (
     build_order,
     design_record,
     lane_order,
+    warmup_cap,
     warmup_requests,
 )
 from harness.journal import Journal
@@ -84,9 +85,11 @@ class Session:
         return self.runs
 
     def design_record(self, labels: Sequence[str]) -> dict[str, Any]:
+        caps = {k: warmup_cap(self.plan.warmup_tokens, v) for k, v in self.instances.items()}
         record = design_record(
-            self.design, self.plan.seed, self.plan.prefix_cache, labels, self.built, self.instances
-        )
+            self.design, self.plan.seed, self.plan.prefix_cache, labels, self.built,
+            self.instances, caps if self.plan.warmup else None,
+        )  # fmt: skip
         if self.rss_after_block_mb:  # a leak from rebuilding engines would show here
             record["rss_after_block_mb"] = list(self.rss_after_block_mb)
         return record
@@ -325,7 +328,8 @@ class Session:
         status, spec_metrics, extra = "ok", None, {}
         try:
             if warmup and self.plan.warmup:  # unmeasured prompts: they warm no measured prompt
-                cap, length = self.plan.warmup_tokens, params.max_new_tokens
+                cap = warmup_cap(self.plan.warmup_tokens, self.instances.get(lane.name, ONE))
+                length = params.max_new_tokens
                 warm = warmup_requests(self.requests, self.plan.warmup, cap, length)
                 await runner.run(warm, params, p.strategy, warmup=True)
             slot = replace(slot, cache=await self._reset_cache(engine))

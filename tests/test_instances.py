@@ -288,3 +288,32 @@ def test_warmup_tokens_caps_the_warmup_requests_only() -> None:
     warm = [r for r in seen if r.id.startswith("warmup-")]
     assert warm and {r.max_new_tokens for r in warm} == {3}
     assert {r.max_new_tokens for r in seen if not r.id.startswith("warmup-")} == {None}
+
+
+@pytest.mark.parametrize("instances", [PER_BLOCK, ONE])
+def test_fresh_instances_warm_up_short_by_default(instances: str) -> None:
+    """Per-block instances warm up before every point of every block: at the point's length
+    that took the main job past 10 minutes, so their default cap is PER_BLOCK_WARMUP_TOKENS; one
+    instance per lane keeps the point's length. The record says which."""
+    from harness.design import PER_BLOCK_WARMUP_TOKENS
+
+    seen: list[Request] = []
+
+    class Spy(Instance):
+        async def stream(self, request: Request, params: GenParams, clock: Any = None) -> Any:
+            seen.append(request)
+            async for c in super().stream(request, params, clock):
+                yield c
+
+    plan = dataclasses.replace(
+        _plan(engines=("rebuilt",), repeats=1, max_repeats=1, max_new_tokens=(24,)),
+        instances=instances,
+    )
+    clock, log = FakeClock(), []
+    s = Session(plan, PROMPTS, progress=False, clock=clock,
+                engine_factory=lambda c: Spy(clock, "x", log))  # fmt: skip
+    asyncio.run(s.execute([("baseline", EngineConfig(engine="rebuilt", model="m"))]))
+    cap = PER_BLOCK_WARMUP_TOKENS if instances == PER_BLOCK else None
+    warm = [r for r in seen if r.id.startswith("warmup-")]
+    assert warm and {r.max_new_tokens for r in warm} == {cap}  # None: the point's 24
+    assert s.design_record(["rebuilt/baseline"])["warmup_tokens"] == {"rebuilt/baseline": cap}
