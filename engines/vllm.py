@@ -45,6 +45,7 @@ from engines.vllm_setup import (
     build_llm,
     free_dist_state,
     keep_dist_state,
+    omp_threads_asked,
     one_thread_stepping,
     torch_threads_kept,
     validate_config,
@@ -154,10 +155,11 @@ class VLLMEngine(Engine):
         self.stepper_native_id = threading.get_native_id()
         import torch
 
+        want = self._defaults.get("stepping_torch_threads") or omp_threads_asked()
         self._threads = (
             torch._C.get_num_threads,
             torch._C.set_num_threads,
-            torch._C.get_num_threads(),
+            want or torch._C.get_num_threads(),
         )
 
     def _load(self) -> Any:
@@ -177,8 +179,10 @@ class VLLMEngine(Engine):
     def step(self) -> None:
         """One ``step()``: stamp its outputs, hand them over when a request ended or
         ``DELIVERY_S`` has passed since the last hand-over."""
-        outs = self._llm.llm_engine.step()
-        self._keep_threads()
+        try:
+            outs = self._llm.llm_engine.step()
+        finally:  # a failing step too: the other engines step on this thread next
+            self._keep_threads()
         if not outs:
             return
         clock = self._clock
@@ -192,7 +196,8 @@ class VLLMEngine(Engine):
             self._flush()
 
     def _keep_threads(self) -> None:
-        """Give the stepping thread back the OpenMP thread count the engines were built with.
+        """Give the stepping thread back the OpenMP thread count it steps with: 1 on CPU (or the
+        user's ``OMP_NUM_THREADS``), else what it had once the engine was built.
 
         vLLM's ngram drafter runs numba, whose OpenMP layer (libiomp5, the runtime torch uses
         here too) restores numba's own count, the number of cores, with ``omp_set_num_threads``

@@ -191,6 +191,16 @@ def one_thread_stepping(defaults: dict[str, Any]) -> None:
     defaults["stepping_torch_threads"] = 1
 
 
+def omp_threads_asked() -> int | None:
+    """The user's ``OMP_NUM_THREADS`` as a count, if it is one (numba ignores it: its OpenMP
+    layer sets the calling thread's count to the number of cores after every parallel call)."""
+    try:
+        n = int(os.environ.get("OMP_NUM_THREADS", ""))
+    except ValueError:
+        return None
+    return n if n > 0 else None
+
+
 @contextlib.contextmanager
 def torch_threads_kept() -> Iterator[None]:
     """Keep torch's process-wide thread default across an engine start: the stepping thread

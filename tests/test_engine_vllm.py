@@ -506,3 +506,32 @@ def test_one_engine_failing_leaves_the_others_serving(
     assert "engine failed: RuntimeError: injected step failure" in shared["failed"]
     assert shared["other_after_failure"] == baseline["ref"][:2]
     assert "injected step failure" in shared["failed_later"]  # the failed engine stays failed
+
+
+def test_omp_threads_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engines.vllm_setup import omp_threads_asked
+
+    for value, want in (("1", 1), ("4", 4), ("0", None), ("abc", None)):
+        monkeypatch.setenv("OMP_NUM_THREADS", value)
+        assert omp_threads_asked() == want
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert omp_threads_asked() is None
+
+
+def test_a_failing_step_still_gives_the_thread_its_count_back() -> None:
+    """The other engines step on the same thread next: a step that raised after numba changed
+    the count must not leave it changed."""
+    from types import SimpleNamespace
+
+    count = {"n": 1}
+
+    def step() -> Any:
+        count["n"] = 2  # what numba's OpenMP layer does after an ngram proposal
+        raise RuntimeError("step failed")
+
+    engine = VLLMEngine(EngineConfig(engine="vllm", model="m"))
+    engine._llm = SimpleNamespace(llm_engine=SimpleNamespace(step=step))
+    engine._threads = (lambda: count["n"], lambda n: count.update(n=n), 1)
+    with pytest.raises(RuntimeError):
+        engine.step()
+    assert count["n"] == 1 and engine.threads_restored == 1
