@@ -8,9 +8,11 @@ import argparse
 from harness import vllm_flags
 from harness.options import Parser, non_negative_int, positive_float, positive_int
 
-# Repeats are the unit of every CI (harness/stats.py). 4 detect a 10% speedup of tokens/s with
-# 75-79% power at 3% run-to-run noise and a 20% one with 90% at 5% (README, Statistics;
-# tests/test_calibration.py); 8 would give 89% at 10%/5% but not fit the main job's 10 minutes.
+# Repeats (blocks) are the unit of every CI (harness/stats.py). With a fresh engine instance per
+# block (an instance's own offset, sd ~3% here, then varies between blocks) 4 detect a 10%
+# speedup of tokens/s with 54% power at 3% run-to-run noise and a 20% one with 96% (README,
+# Statistics; tests/test_calibration.py); 6 would give 83-85% at 10%/3% but, with an engine
+# build and warm-ups per block, not fit the main job's 10 minutes.
 DEFAULT_REPEATS = 4
 
 EPILOG = """\
