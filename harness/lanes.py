@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engines.base import Engine, EngineConfig
+from engines.base import Engine, EngineConfig, SpecCounters
 from harness.design import ONE, PER_BLOCK
 
 
@@ -62,25 +62,45 @@ class Lane:
         return f"{self.config.engine}/{self.label}"
 
     def instances(self, asked: str | None) -> str:
-        """PER_BLOCK or ONE: as asked (--instances), else per the engine's capability."""
+        """PER_BLOCK or ONE: as asked (--instances), else per the engine's capability; ONE
+        where a new engine cannot be a fresh instance (build_plan refuses to ask for that)."""
         from engines.base import engine_class
 
-        if asked is not None:
-            return asked
+        if asked == ONE or not can_rebuild(self.config.engine):
+            return ONE
+        if asked == PER_BLOCK:
+            return PER_BLOCK
         return PER_BLOCK if engine_class(self.config.engine).capabilities.rebuild_per_block else ONE
 
 
+def can_rebuild(engine: str) -> bool:
+    """Whether a new engine object is a fresh instance: in-process engines, and servers the
+    harness starts itself (``managed``: a new server per start), not a remote server that keeps
+    running (``openai``)."""
+    from engines.base import engine_class
+
+    caps = engine_class(engine).capabilities
+    return caps.rebuild_per_block or caps.managed
+
+
 async def close_lanes(lanes: Sequence[Lane]) -> None:
-    """Close every lane's clients and engine (errors ignored: the runs are recorded)."""
+    """Close every lane's clients and engine. Errors are ignored (the runs are recorded); a
+    cancellation (Ctrl-C during a block's close) is re-raised only after every lane was closed,
+    so that no engine is left open."""
+    cancelled: BaseException | None = None
     for lane in lanes:
-        if lane.clients is not None:
-            with contextlib.suppress(Exception):
-                await lane.clients.close()
-            lane.clients = None
-        if lane.engine is not None:
-            with contextlib.suppress(Exception):
-                await lane.engine.close()
-            lane.engine = None
+        for part in ("clients", "engine"):
+            thing = getattr(lane, part)
+            if thing is None:
+                continue
+            setattr(lane, part, None)
+            try:
+                with contextlib.suppress(Exception):
+                    await thing.close()
+            except BaseException as exc:  # CancelledError, KeyboardInterrupt: close the rest
+                cancelled = cancelled or exc
+    if cancelled is not None:
+        raise cancelled
 
 
 def rss_mb() -> float | None:
@@ -92,3 +112,13 @@ def rss_mb() -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+
+
+async def spec_counters(engine: Engine) -> SpecCounters | None:
+    await engine.refresh_metrics()
+    return engine.spec_counters()
+
+
+def cache_counters(engine: Engine) -> dict[str, int] | None:
+    """The engine's cumulative prefix-cache queries/hits (tokens), where it counts them."""
+    return engine.prefix_cache_counters()

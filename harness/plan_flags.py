@@ -10,6 +10,8 @@ from typing import Any
 
 from engines.base import REGISTRY, engine_class
 from engines.local_model import missing_path
+from harness.design import PER_BLOCK
+from harness.lanes import can_rebuild
 from harness.options import UsageError, goodput, json_arg, kv_args, variant_urls
 from harness.plan import RunPlan, check_engines, parse_methods
 from harness.vllm_flags import api_root
@@ -26,6 +28,13 @@ def build_plan(
         resolve_dataset(args)
     engines = tuple(e.strip() for e in args.engine.split(",") if e.strip())
     check_engines(engines)
+    if args.instances == PER_BLOCK:
+        fixed = [e for e in engines if not can_rebuild(e)]
+        if fixed:
+            raise UsageError(
+                f"--instances per-block: --engine {fixed[0]} cannot start a fresh instance per "
+                "block (its server keeps running); use --instances one"
+            )
     methods = parse_methods(args.spec)
     spec_config = spec_config_arg(args.spec_config)
     if spec_config is not None and "method" not in spec_config:

@@ -17,7 +17,6 @@ from engines.base import (
     EngineError,
     GenParams,
     Request,
-    SpecCounters,
     UnsupportedError,
 )
 from harness.analysis import precise_enough
@@ -34,7 +33,15 @@ from harness.design import (
     warmup_requests,
 )
 from harness.journal import Journal
-from harness.lanes import Lane, StopFlag, close_lanes, rss_mb, unsupported_method
+from harness.lanes import (
+    Lane,
+    StopFlag,
+    cache_counters,
+    close_lanes,
+    rss_mb,
+    spec_counters,
+    unsupported_method,
+)
 from harness.load_sampler import LoadSampler
 from harness.plan import Point, RunPlan
 from harness.records import RequestRecord
@@ -112,14 +119,17 @@ class Session:
         per_block = all(lane.instances(self.plan.instances) == PER_BLOCK for lane in lanes)
         for lane in lanes:
             self.instances[lane.name] = PER_BLOCK if per_block else ONE
+        lanes = await self._drop_unsupported(lanes)
         if per_block:
             await self._run_blocks(lanes)
             return
         lanes = [lane for lane in lanes if self._todo(lane)]
+        built = self._built(0)
         try:
             for i in build_order(len(lanes), self.plan.seed):  # seeded, recorded (design.py)
-                self._built(0).append(lanes[i].name)
                 await self._start(lanes[i])
+                if lanes[i].engine is not None:  # the record lists only engines built
+                    built.append(lanes[i].name)
             live = [lane for lane in lanes if lane.engine is not None]
             for index, p in enumerate(self.plan.points()):
                 if self.stop or not live:
@@ -127,6 +137,15 @@ class Session:
                 await self._repeat_point([lane for lane in live if p in self._todo(lane)], p, index)
         finally:
             await close_lanes(lanes)
+
+    async def _drop_unsupported(self, lanes: list[Lane]) -> list[Lane]:
+        """The lanes whose engine can run their method. The others' cells are recorded once
+        (repeat 0 of each point) and they leave the schedule, so that the build order and the
+        rotation balance over the lanes that run."""
+        for lane in lanes:
+            if unsupported_method(lane.config) and self._todo(lane):
+                await self._start(lane)
+        return [lane for lane in lanes if not unsupported_method(lane.config)]
 
     async def _run_blocks(self, lanes: list[Lane]) -> None:
         """Fresh engine instances per block: for block r, build every lane that has a cell to
@@ -174,32 +193,34 @@ class Session:
         halted: set[tuple[int, int]],
         dead: set[int],
     ) -> None:
+        built = self._built(block)
+        live = sorted({k for k, _ in todo})  # orders over the lanes with cells here, balanced
         try:
-            for k in build_order(len(lanes), self.plan.seed, block):
-                cells = [cell for (j, _), cell in sorted(todo.items()) if j == k]
-                if not cells or self.stop:
-                    continue
-                self._built(block).append(lanes[k].name)
-                await self._start(lanes[k], cells)
+            for j in build_order(len(live), self.plan.seed, block):
+                if self.stop:
+                    break
+                k = live[j]
+                await self._start(lanes[k], [c for (m, _), c in sorted(todo.items()) if m == k])
                 if lanes[k].engine is None:
                     dead.add(k)
+                else:  # the record lists only engines built
+                    built.append(lanes[k].name)
             for i in sorted({i for _, i in todo}):
-                position = 0
-                for k in lane_order(len(lanes), block + i, self.plan.seed):
-                    lane, cell = lanes[k], todo.get((k, i))
+                present = [k for k in live if (k, i) in todo and lanes[k].engine is not None]
+                order = [present[m] for m in lane_order(len(present), block + i, self.plan.seed)]
+                for position, k in enumerate(order):
                     if self.stop:
                         break
-                    if cell is None or lane.engine is None:
-                        continue
                     slot = Slot(self.design, i, block, position, self._seq)
                     self._seq += 1
-                    position += 1
-                    run = await self._run_point(lane, cell, points[i], True, slot)  # fresh: warm
-                    if run.status != "ok":
+                    run = await self._run_point(lanes[k], todo[(k, i)], points[i], True, slot)
+                    if run.status != "ok":  # fresh instances: every run warms up
                         halted.add((k, i))
         finally:
-            await close_lanes(lanes)
-            self.rss_after_block_mb.append(rss_mb())
+            try:
+                await close_lanes(lanes)
+            finally:  # measured after the close, even when the close was cancelled
+                self.rss_after_block_mb.append(rss_mb())
 
     async def _start(self, lane: Lane, cells: Sequence[Cell] | None = None) -> None:
         """Start the lane's engine; if it cannot start, ``cells`` get the reason as status
@@ -334,11 +355,11 @@ class Session:
                 await runner.run(warm, params, p.strategy, warmup=True)
             slot = replace(slot, cache=await self._reset_cache(engine))
             slot = replace(slot, t_start_s=self.clock() - self._t0)
-            before, cache_before = await _counters(engine), _cache_counters(engine)
+            before, cache_before = await spec_counters(engine), cache_counters(engine)
             sampler = LoadSampler(engine, self.plan.sample_load_s)
             async with sampler:
                 await runner.run(requests, params, p.strategy, duration=self.plan.duration)
-            after, cache_after = await _counters(engine), _cache_counters(engine)
+            after, cache_after = await spec_counters(engine), cache_counters(engine)
             if before is not None and after is not None:
                 spec_metrics = (after - before).to_metrics()
             extra = sampler.summary()
@@ -386,13 +407,3 @@ class Session:
     def _say(self, msg: str) -> None:
         if self.progress:
             print(f"[harness] {msg}", file=sys.stderr, flush=True)
-
-
-async def _counters(engine: Engine) -> SpecCounters | None:
-    await engine.refresh_metrics()
-    return engine.spec_counters()
-
-
-def _cache_counters(engine: Engine) -> dict[str, int] | None:
-    """The engine's cumulative prefix-cache queries/hits (tokens), where it counts them."""
-    return engine.prefix_cache_counters()

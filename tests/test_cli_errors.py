@@ -103,6 +103,10 @@ CASES = {
     ),
     "no-baseline without spec": (["--no-baseline"], ["--no-baseline", "--spec"]),
     "openai without base-url": (["--engine", "openai"], ["--base-url"]),
+    "per-block instances of a remote server": (
+        ["--engine", "openai", "--instances", "per-block", "--base-url", "http://127.0.0.1:9/v1"],
+        ["--instances per-block", "--engine openai"],
+    ),
     "openai spec with one server": (
         ["--engine", "openai", "--spec", "--base-url", "http://127.0.0.1:9/v1"],
         ["--engine openai --spec", "one URL per variant"],

@@ -71,6 +71,7 @@ def _run(
     fail: Any = None,
     done: set[str] | None = None,
     engine: str = "rebuilt",
+    methods: dict[str, str] | None = None,
 ) -> tuple[Session, list[Any], list[Instance]]:
     clock, log, made = FakeClock(), [], []
 
@@ -84,7 +85,12 @@ def _run(
     session = Session(
         plan, PROMPTS, progress=False, clock=clock, engine_factory=factory, done=done or set()
     )
-    configs = [(lb, EngineConfig(engine=engine, model="m", options={"label": lb})) for lb in labels]
+    methods = methods or {}
+    configs = [
+        (lb, EngineConfig(engine=engine, model="m", options={"label": lb},
+                          spec_config={"method": methods[lb]} if lb in methods else None))
+        for lb in labels
+    ]  # fmt: skip
     asyncio.run(session.execute(configs))
     return session, log, made
 
@@ -168,6 +174,77 @@ def test_a_failed_build_in_block_2_fails_that_lane_from_there_on() -> None:
     assert all(by[(lb, 2, m)] == "ok" for lb in ("baseline", "draft_model") for m in
                ("latency", "throughput"))  # fmt: skip
     assert len(made) == 9 and all(m.closed for m in made)
+    assert "rebuilt/ngram" in session.built[1] and "rebuilt/ngram" not in session.built[2]
+    assert sorted(session.built[2]) == ["rebuilt/baseline", "rebuilt/draft_model"]
+
+
+def test_orders_balance_over_the_lanes_that_run_when_one_is_unsupported() -> None:
+    """Lanes a, b and x, whose method the engine lacks: x is recorded once (repeat 0 of each
+    point) and neither built nor in the rotation, so over 6 blocks a and b each run first 3
+    times at every point and each is built first 3 times (the reviewer's case gave 2 and 4)."""
+    plan = _plan(engines=("rebuilt",), repeats=6, max_repeats=6)
+    session, _, made = _run(plan, ["a", "b", "x"], methods={"x": "ngram"})
+    x = [r for r in session.runs if r.cell.label == "x"]
+    assert sorted((r.cell.mode, r.cell.repeat) for r in x) == [("latency", 0), ("throughput", 0)]
+    assert all(r.status.startswith("unsupported") for r in x)
+    assert len(made) == 2 * 6 and all("rebuilt/x" not in b for b in session.built)
+    assert sorted(b[0] for b in session.built) == ["rebuilt/a"] * 3 + ["rebuilt/b"] * 3
+    ran = [r for r in session.runs if r.schedule is not None]
+    for point in (0, 1):
+        first = [
+            r.cell.label for r in ran if r.schedule.point == point and r.schedule.position == 0
+        ]
+        assert sorted(first) == ["a"] * 3 + ["b"] * 3
+
+
+def test_a_cancelled_close_still_closes_every_other_engine() -> None:
+    """Ctrl-C cancels the session while a block's engines close (vLLM: seconds each): the
+    engines after the cancelled one are closed all the same, the RSS is recorded, and the
+    cancellation goes on."""
+    clock, log, made = FakeClock(), [], []
+
+    def log_closing() -> list[Any]:
+        return [e for e in log if e[0] == "closing"]
+
+    class SlowClose(Instance):
+        async def close(self) -> None:
+            self.log.append(("closing", self.label, id(self)))
+            if len(log_closing()) == 1:  # block 0's first close hangs until cancelled
+                await asyncio.sleep(3600)
+            await super().close()
+
+    def factory(config: EngineConfig) -> Instance:
+        made.append(SlowClose(clock, config.options["label"], log))
+        return made[-1]
+
+    plan = _plan(engines=("rebuilt",))
+    session = Session(plan, PROMPTS, progress=False, clock=clock, engine_factory=factory)
+    configs = [(lb, EngineConfig(engine="rebuilt", model="m", options={"label": lb}))
+               for lb in LABELS]  # fmt: skip
+
+    async def main() -> None:
+        task = asyncio.create_task(session.execute(configs))
+        while not log_closing():
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert len(made) == 3 and [m.closed for m in made].count(False) == 1  # only the hung one
+    assert len(log_closing()) == 3
+    assert len(session.rss_after_block_mb) == 1
+
+
+def test_per_block_is_refused_for_an_engine_that_cannot_start_a_fresh_instance() -> None:
+    """A remote server (openai) keeps running: a new engine object is the same instance, so
+    the record must not say the instance effect is in the CI."""
+    assert Lane("x", EngineConfig(engine="openai", model="m")).instances(PER_BLOCK) == ONE
+    args = build_parser().parse_args(
+        ["--engine", "openai", "--instances", "per-block", "--base-url", "http://h:1/v1"]
+    )
+    with pytest.raises(UsageError, match=r"--instances per-block: --engine openai"):
+        build_plan(args, "m", None)
 
 
 def test_resume_builds_only_for_cells_not_yet_done() -> None:
