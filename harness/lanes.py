@@ -10,6 +10,7 @@ from typing import Any
 
 from engines.base import Engine, EngineConfig, SpecCounters
 from harness.design import ONE, PER_BLOCK
+from harness.runner import error_line
 
 
 def unsupported_method(config: EngineConfig) -> str | None:
@@ -122,3 +123,13 @@ async def spec_counters(engine: Engine) -> SpecCounters | None:
 def cache_counters(engine: Engine) -> dict[str, int] | None:
     """The engine's cumulative prefix-cache queries/hits (tokens), where it counts them."""
     return engine.prefix_cache_counters()
+
+
+async def reset_cache(engine: Engine, policy: str) -> str:
+    """Apply the prefix-cache policy before a measured run; say what was done."""
+    if policy != "reset":
+        return policy
+    try:
+        return str(await engine.reset_prefix_cache())
+    except Exception as exc:  # noqa: BLE001 - recorded with the run; the run still counts
+        return f"reset failed: {error_line(exc)}"

@@ -38,6 +38,7 @@ from harness.lanes import (
     StopFlag,
     cache_counters,
     close_lanes,
+    reset_cache,
     rss_mb,
     spec_counters,
     unsupported_method,
@@ -139,9 +140,8 @@ class Session:
             await close_lanes(lanes)
 
     async def _drop_unsupported(self, lanes: list[Lane]) -> list[Lane]:
-        """The lanes whose engine can run their method. The others' cells are recorded once
-        (repeat 0 of each point) and they leave the schedule, so that the build order and the
-        rotation balance over the lanes that run."""
+        """The lanes whose engine runs their method; the others' cells are recorded once (repeat
+        0 of each point), so the build and run orders balance over the lanes that run."""
         for lane in lanes:
             if unsupported_method(lane.config) and self._todo(lane):
                 await self._start(lane)
@@ -298,15 +298,6 @@ class Session:
                 if target is None or precise_enough(here, target):
                     break
 
-    async def _reset_cache(self, engine: Engine) -> str:
-        """Apply the prefix-cache policy before a measured run; say what was done."""
-        if self.plan.prefix_cache != "reset":
-            return self.plan.prefix_cache
-        try:
-            return str(await engine.reset_prefix_cache())
-        except Exception as exc:  # noqa: BLE001 - recorded with the run; the run still counts
-            return f"reset failed: {error_line(exc)}"
-
     async def _run_point(self, lane: Lane, cell: Cell, p: Point, warmup: bool, slot: Slot) -> Run:
         engine, config, info = lane.engine, lane.config, lane.info
         assert engine is not None
@@ -353,7 +344,7 @@ class Session:
                 length = params.max_new_tokens
                 warm = warmup_requests(self.requests, self.plan.warmup, cap, length)
                 await runner.run(warm, params, p.strategy, warmup=True)
-            slot = replace(slot, cache=await self._reset_cache(engine))
+            slot = replace(slot, cache=await reset_cache(engine, self.plan.prefix_cache))
             slot = replace(slot, t_start_s=self.clock() - self._t0)
             before, cache_before = await spec_counters(engine), cache_counters(engine)
             sampler = LoadSampler(engine, self.plan.sample_load_s)
