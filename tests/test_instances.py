@@ -265,8 +265,9 @@ def test_resume_builds_only_for_cells_not_yet_done() -> None:
 
 
 def test_target_ci_adds_blocks_of_fresh_instances_for_imprecise_points_only() -> None:
-    """An A/A pair whose instances differ by a random few %: the latency point (noisy) keeps
-    adding blocks to --max-repeats, each on fresh instances; throughput is exact and stops."""
+    """An A/A pair whose instances differ by a random few %: both points stay imprecise and
+    keep adding blocks to --max-repeats, each on fresh instances (the next test has a point
+    that stops)."""
     rng = np.random.default_rng(3)
     plan = dataclasses.replace(
         _plan(engines=("rebuilt",), repeats=3), target_ci=0.005, max_repeats=6
@@ -279,6 +280,48 @@ def test_target_ci_adds_blocks_of_fresh_instances_for_imprecise_points_only() ->
     reps = {m: {r.cell.repeat for r in session.runs if r.cell.mode == m} for m in
             ("latency", "throughput")}  # fmt: skip
     assert reps["latency"] == set(range(6)) and reps["throughput"] == set(range(6))
+    assert len(made) == 2 * 6 and len(session.built) == 6
+
+
+def test_target_ci_adds_blocks_only_for_the_imprecise_point() -> None:
+    """Two points: at 8 new tokens every instance runs at the same speed (the A/A ratio is
+    exactly 1, precise after --repeats 3); at 16 each instance has its own offset (noisy). Only
+    the noisy point gets blocks 3-5, and both lanes get the same repeats at each point."""
+    rng = np.random.default_rng(3)
+
+    class Offset(Instance):
+        async def stream(self, request: Request, params: GenParams, clock: Any = None) -> Any:
+            offset = self.offset
+            if params.max_new_tokens == 8:
+                self.offset = 1.0
+            try:
+                async for c in super().stream(request, params, clock):
+                    yield c
+            finally:
+                self.offset = offset
+
+    clock, log, made = FakeClock(), [], []
+
+    def factory(config: EngineConfig) -> Instance:
+        made.append(Offset(clock, config.options["label"], log, float(rng.lognormal(0, 0.05))))
+        return made[-1]
+
+    plan = dataclasses.replace(
+        _plan(engines=("rebuilt",), modes=("latency",), max_new_tokens=(8, 16), repeats=3),
+        target_ci=0.005,
+        max_repeats=6,
+    )
+    session = Session(plan, PROMPTS, progress=False, clock=clock, engine_factory=factory)
+    labels = ["baseline", "baseline-aa"]
+    configs = [(lb, EngineConfig(engine="rebuilt", model="m", options={"label": lb}))
+               for lb in labels]  # fmt: skip
+    asyncio.run(session.execute(configs))
+    assert all(r.status == "ok" for r in session.runs)
+    reps = {(lb, n): {r.cell.repeat for r in session.runs
+                      if r.cell.label == lb and r.schedule.point == n} for lb in labels
+            for n in (0, 1)}  # fmt: skip
+    assert reps[("baseline", 0)] == reps[("baseline-aa", 0)] == {0, 1, 2}
+    assert reps[("baseline", 1)] == reps[("baseline-aa", 1)] == set(range(6))
     assert len(made) == 2 * 6 and len(session.built) == 6
 
 
