@@ -195,6 +195,9 @@ def test_orders_balance_over_the_lanes_that_run_when_one_is_unsupported() -> Non
             r.cell.label for r in ran if r.schedule.point == point and r.schedule.position == 0
         ]
         assert sorted(first) == ["a"] * 3 + ["b"] * 3
+    plan = _plan(engines=("rebuilt",), repeats=4, max_repeats=4)  # reviewer: built a, a, b, a
+    session, _, _ = _run(plan, ["a", "b", "x"], methods={"x": "ngram"})
+    assert sorted(b[0] for b in session.built) == ["rebuilt/a"] * 2 + ["rebuilt/b"] * 2
 
 
 def test_a_cancelled_close_still_closes_every_other_engine() -> None:
