@@ -45,12 +45,13 @@ from engines.vllm_setup import (
     build_llm,
     free_dist_state,
     keep_dist_state,
-    omp_threads_asked,
     one_thread_stepping,
+    sampling_params,
     torch_threads_kept,
     validate_config,
 )
 from engines.vllm_stepper import STEPPER, Open
+from engines.vllm_threads import StepThreads
 
 # Must be set before vLLM is imported: the engine core then runs in this process.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -94,9 +95,7 @@ class VLLMEngine(Engine):
         self._dead: BaseException | None = None
         self._tap = StatsTap()
         self._tapped = False
-        # this thread's torch/OpenMP count as built, and how often a step left it changed
-        self._threads: tuple[Callable[[], int], Callable[[int], None], int] | None = None
-        self.threads_restored = 0
+        self._threads: StepThreads | None = None  # the stepping thread's OpenMP count, kept
 
     # ---- validation & start -----------------------------------------------------------------
     @classmethod
@@ -153,14 +152,7 @@ class VLLMEngine(Engine):
             raise
         self._thread = threading.current_thread()
         self.stepper_native_id = threading.get_native_id()
-        import torch
-
-        want = self._defaults.get("stepping_torch_threads") or omp_threads_asked()
-        self._threads = (
-            torch._C.get_num_threads,
-            torch._C.set_num_threads,
-            want or torch._C.get_num_threads(),
-        )
+        self._threads = StepThreads.for_engine(self._defaults)
 
     def _load(self) -> Any:
         """Build vLLM's ``LLM`` on the stepping thread. bench/stepsim.py overrides this with a
@@ -182,7 +174,8 @@ class VLLMEngine(Engine):
         try:
             outs = self._llm.llm_engine.step()
         finally:  # a failing step too: the other engines step on this thread next
-            self._keep_threads()
+            if self._threads is not None:
+                self._threads.keep()
         if not outs:
             return
         clock = self._clock
@@ -194,23 +187,6 @@ class VLLMEngine(Engine):
         if ended or t is None or self._sent_at is None or t - self._sent_at >= DELIVERY_S:
             self._sent_at = t
             self._flush()
-
-    def _keep_threads(self) -> None:
-        """Give the stepping thread back the OpenMP thread count it steps with: 1 on CPU (or the
-        user's ``OMP_NUM_THREADS``), else what it had once the engine was built.
-
-        vLLM's ngram drafter runs numba, whose OpenMP layer (libiomp5, the runtime torch uses
-        here too) restores numba's own count, the number of cores, with ``omp_set_num_threads``
-        after every proposal: on this thread, so every later step of every engine (the ngram one
-        included) ran its torch ops with 2 OpenMP threads on 2 cores. Measured on the tiny pair
-        (2026-11-30): the baseline's time per token 4.3 ms before an ngram engine had run in the
-        process, 14.7 ms after."""
-        if self._threads is None:
-            return
-        get, set_, want = self._threads
-        if get() != want:
-            set_(want)
-            self.threads_restored += 1
 
     def idle(self) -> None:
         self._flush()  # only leftovers of aborted requests can wait here
@@ -373,18 +349,7 @@ class VLLMEngine(Engine):
     # ---- requests ---------------------------------------------------------------------------
     def sampling_params(self, request: Request, params: GenParams, delta: bool) -> Any:
         """vLLM's ``SamplingParams``; ``delta``: each output carries only the new tokens."""
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        max_tokens = request.max_new_tokens or params.max_new_tokens
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            ignore_eos=params.ignore_eos,
-            seed=params.seed if params.temperature > 0 else None,
-            output_kind=RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY,
-        )
+        return sampling_params(request, params, delta)
 
     async def stream(
         self, request: Request, params: GenParams, clock: Clock | None = None

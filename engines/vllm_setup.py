@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from engines.base import EngineConfig, EngineError
+from engines.base import EngineConfig, EngineError, GenParams, Request
 from engines.local_model import missing_path
 
 # vLLM on CPU: one table for the in-process engine and the managed `vllm serve`, so that comparing
@@ -191,16 +191,6 @@ def one_thread_stepping(defaults: dict[str, Any]) -> None:
     defaults["stepping_torch_threads"] = 1
 
 
-def omp_threads_asked() -> int | None:
-    """The user's ``OMP_NUM_THREADS`` as a count, if it is one (numba ignores it: its OpenMP
-    layer sets the calling thread's count to the number of cores after every parallel call)."""
-    try:
-        n = int(os.environ.get("OMP_NUM_THREADS", ""))
-    except ValueError:
-        return None
-    return n if n > 0 else None
-
-
 @contextlib.contextmanager
 def torch_threads_kept() -> Iterator[None]:
     """Keep torch's process-wide thread default across an engine start: the stepping thread
@@ -315,3 +305,18 @@ def free_dist_state() -> None:
         cleanup_dist_env_and_memory()
     except Exception:  # noqa: BLE001 - best effort after a failed start
         gc.collect()
+
+
+def sampling_params(request: Request, params: GenParams, delta: bool) -> Any:
+    """vLLM's ``SamplingParams``; ``delta``: each output carries only the new tokens."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        max_tokens=request.max_new_tokens or params.max_new_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        ignore_eos=params.ignore_eos,
+        seed=params.seed if params.temperature > 0 else None,
+        output_kind=RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY,
+    )

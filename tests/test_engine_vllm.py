@@ -509,7 +509,7 @@ def test_one_engine_failing_leaves_the_others_serving(
 
 
 def test_omp_threads_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    from engines.vllm_setup import omp_threads_asked
+    from engines.vllm_threads import omp_threads_asked
 
     for value, want in (("1", 1), ("4", 4), ("0", None), ("abc", None)):
         monkeypatch.setenv("OMP_NUM_THREADS", value)
@@ -523,6 +523,8 @@ def test_a_failing_step_still_gives_the_thread_its_count_back() -> None:
     the count must not leave it changed."""
     from types import SimpleNamespace
 
+    from engines.vllm_threads import StepThreads
+
     count = {"n": 1}
 
     def step() -> Any:
@@ -531,7 +533,7 @@ def test_a_failing_step_still_gives_the_thread_its_count_back() -> None:
 
     engine = VLLMEngine(EngineConfig(engine="vllm", model="m"))
     engine._llm = SimpleNamespace(llm_engine=SimpleNamespace(step=step))
-    engine._threads = (lambda: count["n"], lambda n: count.update(n=n), 1)
+    engine._threads = StepThreads(1, lambda: count["n"], lambda n: count.update(n=n))
     with pytest.raises(RuntimeError):
         engine.step()
-    assert count["n"] == 1 and engine.threads_restored == 1
+    assert count["n"] == 1 and engine._threads.restored == 1
