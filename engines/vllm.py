@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import itertools
 import os
 import threading
@@ -46,6 +45,7 @@ from engines.vllm_setup import (
     free_dist_state,
     keep_dist_state,
     one_thread_stepping,
+    release_memory,
     sampling_params,
     torch_threads_kept,
     validate_config,
@@ -333,7 +333,7 @@ class VLLMEngine(Engine):
                 llm.llm_engine.engine_core.shutdown()
         finally:
             del llm
-            gc.collect()
+            release_memory()
 
     def _usable(self) -> None:
         if self._dead is not None or self._thread is None:

@@ -297,6 +297,20 @@ def keep_dist_state() -> Iterator[None]:
         core.cleanup_dist_env_and_memory = saved
 
 
+def release_memory() -> None:
+    """After an engine's shutdown: collect its garbage and, on a GPU, hand the freed blocks
+    back to the driver, so the next block's fresh engines (harness/session.py) find the memory
+    the profiler of ``gpu_memory_utilization`` expects."""
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:  # noqa: BLE001 - best effort
+        pass
+
+
 def free_dist_state() -> None:
     """Release what a half-built engine left (vLLM's distributed groups, garbage)."""
     try:
