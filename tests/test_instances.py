@@ -384,6 +384,23 @@ def test_the_header_line_says_which_instances() -> None:
     assert "Engines:" not in _design_lines({"design": old})[1]
 
 
+def _requests_seen(plan: Any) -> tuple[Session, list[Request]]:
+    """Run ``plan`` with one lane; every request its engines were sent, warm-ups included."""
+    seen: list[Request] = []
+
+    class Spy(Instance):
+        async def stream(self, request: Request, params: GenParams, clock: Any = None) -> Any:
+            seen.append(request)
+            async for c in super().stream(request, params, clock):
+                yield c
+
+    clock, log = FakeClock(), []
+    s = Session(plan, PROMPTS, progress=False, clock=clock,
+                engine_factory=lambda c: Spy(clock, "x", log))  # fmt: skip
+    asyncio.run(s.execute([("baseline", EngineConfig(engine="rebuilt", model="m"))]))
+    return s, seen
+
+
 def test_warmup_tokens_caps_the_warmup_requests_only() -> None:
     from harness.design import warmup_requests
 
@@ -393,21 +410,10 @@ def test_warmup_tokens_caps_the_warmup_requests_only() -> None:
     plan = build_plan(build_parser().parse_args(["--engine", "hf", "--warmup-tokens", "8"]),
                       "m", None)  # fmt: skip
     assert plan.warmup_tokens == 8 and plan.to_json()["warmup_tokens"] == 8
-    seen: list[Request] = []
-
-    class Spy(Instance):
-        async def stream(self, request: Request, params: GenParams, clock: Any = None) -> Any:
-            seen.append(request)
-            async for c in super().stream(request, params, clock):
-                yield c
-
     plan = dataclasses.replace(
         _plan(engines=("rebuilt",), repeats=1, max_repeats=1), warmup_tokens=3
     )
-    clock, log = FakeClock(), []
-    s = Session(plan, PROMPTS, progress=False, clock=clock,
-                engine_factory=lambda c: Spy(clock, "x", log))  # fmt: skip
-    asyncio.run(s.execute([("baseline", EngineConfig(engine="rebuilt", model="m"))]))
+    _, seen = _requests_seen(plan)
     warm = [r for r in seen if r.id.startswith("warmup-")]
     assert warm and {r.max_new_tokens for r in warm} == {3}
     assert {r.max_new_tokens for r in seen if not r.id.startswith("warmup-")} == {None}
@@ -420,22 +426,11 @@ def test_fresh_instances_warm_up_short_by_default(instances: str) -> None:
     instance per lane keeps the point's length. The record says which."""
     from harness.design import PER_BLOCK_WARMUP_TOKENS
 
-    seen: list[Request] = []
-
-    class Spy(Instance):
-        async def stream(self, request: Request, params: GenParams, clock: Any = None) -> Any:
-            seen.append(request)
-            async for c in super().stream(request, params, clock):
-                yield c
-
     plan = dataclasses.replace(
         _plan(engines=("rebuilt",), repeats=1, max_repeats=1, max_new_tokens=(24,)),
         instances=instances,
     )
-    clock, log = FakeClock(), []
-    s = Session(plan, PROMPTS, progress=False, clock=clock,
-                engine_factory=lambda c: Spy(clock, "x", log))  # fmt: skip
-    asyncio.run(s.execute([("baseline", EngineConfig(engine="rebuilt", model="m"))]))
+    s, seen = _requests_seen(plan)
     cap = PER_BLOCK_WARMUP_TOKENS if instances == PER_BLOCK else None
     warm = [r for r in seen if r.id.startswith("warmup-")]
     assert warm and {r.max_new_tokens for r in warm} == {cap}  # None: the point's 24
