@@ -1,7 +1,8 @@
 """In-process HF transformers engine: ``model.generate`` streamed, with assisted generation
 (``draft_model``) and prompt lookup (``ngram``) as the speculative methods.
 
-``generate`` runs on a worker thread; its streamer stamps each step's ids with the clock the
+``generate`` runs on the process's one generation thread (engines/hf_thread.py: a new thread's
+first forwards on CUDA ran 5-10x slower); its streamer stamps each step's ids with the clock the
 runner passed to ``stream`` (when the ids are on the host) and hands them to the event loop at
 most every ``DELIVERY_S``: one cross-thread wake-up per token cost 10-15% of a tiny model's
 decode speed on 2 cores (bench/RESULTS.md, section 1). Each hand-over becomes one chunk per
@@ -39,6 +40,7 @@ from engines.hf_spec import (
     spec_settings,
 )
 from engines.hf_stream import END, ERROR, Steps, request_chunk, streamer_class
+from engines.hf_thread import generation_thread
 from engines.local_model import missing_path, prompt_ids
 
 _DTYPES = ("float32", "float16", "bfloat16")
@@ -224,6 +226,8 @@ class HFEngine(Engine):
                 return torch.full((input_ids.shape[0],), stop.is_set(), device=input_ids.device)
 
         try:
+            if stop.is_set():  # the consumer left while this call waited for the thread
+                return
             with self._lock, torch.inference_mode():  # as cheap as generate can be made
                 extra: dict[str, Any] = {}
                 if self.draft is not None:
@@ -253,7 +257,7 @@ class HFEngine(Engine):
     async def _generate(
         self, rows: list[list[int]], params: GenParams, max_new: int, clock: Clock | None
     ) -> AsyncIterator[Steps]:
-        """Left-padded ``generate`` in a worker thread; yields each hand-over of stamped steps
+        """Left-padded ``generate`` on the generation thread; yields each hand-over of stamped steps
         (one step at a time when unstamped)."""
         import torch
 
@@ -269,10 +273,7 @@ class HFEngine(Engine):
         streamer = streamer_class()(loop, queue, clock)
         stop = threading.Event()
         inputs = {"input_ids": ids, "attention_mask": mask}
-        thread = threading.Thread(
-            target=self._run, args=(inputs, params, max_new, streamer, stop), daemon=True
-        )
-        thread.start()
+        job = generation_thread().submit(self._run, inputs, params, max_new, streamer, stop)
         try:
             while True:
                 kind, value = await queue.get()
@@ -283,7 +284,7 @@ class HFEngine(Engine):
                 yield value
         finally:
             stop.set()
-            await asyncio.to_thread(thread.join)
+            await asyncio.wrap_future(job)
 
     async def stream(
         self, request: Request, params: GenParams, clock: Clock | None = None
@@ -351,8 +352,8 @@ class HFEngine(Engine):
     # ---- theory vs measurement ---------------------------------------------------------------
     def step_costs(self, n: int = 20) -> dict[str, Any] | None:
         """Average single-token decode forward time of the target and the draft (KV cache of a
-        short prompt), and their ratio ``c``. A micro-measurement called outside runs, so this
-        is the one place the engine reads the clock (time.perf_counter)."""
+        short prompt), and their ratio ``c``, timed on the generation thread. A micro-measurement
+        called outside runs, so this is the one place the engine reads the clock (time.perf_counter)."""
         import time
 
         import torch
@@ -379,9 +380,14 @@ class HFEngine(Engine):
                 sync()
                 return (time.perf_counter() - t0) / n
 
-        with self._lock:
-            target = per_step(self.model)
-            draft = per_step(self.draft) if self.draft is not None else None
+        def both() -> tuple[float, float | None]:
+            with self._lock:
+                return per_step(self.model), (
+                    per_step(self.draft) if self.draft is not None else None
+                )
+
+        # on the thread that generates: the forwards it times are the ones requests run
+        target, draft = generation_thread().call(both)
         return {
             "target_step_s": target,
             "draft_step_s": draft,

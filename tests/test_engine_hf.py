@@ -4,6 +4,7 @@ static batches, and the acceptance arithmetic of the counting candidate generato
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 from engines.base import EngineConfig, EngineError, GenParams, Request, UnsupportedError  # noqa: E402
 from engines.hf import HFEngine  # noqa: E402
 from engines.hf_spec import AcceptanceCounter, instrument  # noqa: E402
+from engines.hf_thread import generation_thread  # noqa: E402
 
 PROMPTS = [
     "The capital of France is",
@@ -277,3 +279,62 @@ def test_validate(pair: tuple[str, str], tmp_path: Path) -> None:
     }
     with pytest.raises(EngineError, match="not found"):
         HFEngine.validate(EngineConfig("hf", target, spec_config=missing))
+
+
+def test_every_forward_runs_on_the_one_generation_thread(engines: dict[str, HFEngine]) -> None:
+    """A new thread's first forwards ran 5-10x slower on CUDA (engines/hf_thread.py): every
+    request of every engine, static batches and ``step_costs`` run on one long-lived thread."""
+    seen: set[int] = set()
+    hooks = [
+        m.register_forward_pre_hook(lambda *_: seen.add(threading.get_ident()))
+        for e in engines.values()
+        for m in (e.model, e.draft)
+        if m is not None
+    ]
+    try:
+        for eng in engines.values():
+            for p in PROMPTS[:2]:
+                _collect(eng, Request(id="t", prompt=p), GenParams(max_new_tokens=4))
+
+        async def batch() -> None:
+            reqs = [Request(id=str(i), prompt=p) for i, p in enumerate(PROMPTS)]
+            async for _ in engines["baseline"].stream_batch(reqs, GenParams(max_new_tokens=4)):
+                pass
+
+        asyncio.run(batch())
+        engines["draft_model"].step_costs(2)
+        asyncio.run(asyncio.to_thread(engines["baseline"].step_costs, 2))
+    finally:
+        for h in hooks:
+            h.remove()
+    assert len(seen) == 1 and threading.get_ident() not in seen
+
+
+def test_a_request_left_while_queued_does_not_generate(engines: dict[str, HFEngine]) -> None:
+    """A consumer that goes away before its ``generate`` reached the thread costs no forward."""
+    eng = engines["baseline"]
+    forwards: list[int] = []
+    hook = eng.model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    release = threading.Event()
+
+    async def go() -> None:
+        generation_thread().submit(release.wait, 10)  # the thread is busy elsewhere
+
+        async def consume() -> None:
+            async for _ in eng.stream(Request(id="q", prompt=PROMPTS[0]), GREEDY):
+                pass
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.05)
+        task.cancel()
+        asyncio.get_running_loop().call_later(0.05, release.set)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    try:
+        asyncio.run(go())
+    finally:
+        hook.remove()
+        release.set()
+    assert forwards == []
+    assert len(_ids(_collect(eng, Request(id="n", prompt=PROMPTS[0]), GREEDY))) == N
