@@ -353,7 +353,8 @@ class HFEngine(Engine):
     def step_costs(self, n: int = 20) -> dict[str, Any] | None:
         """Average single-token decode forward time of the target and the draft (KV cache of a
         short prompt), and their ratio ``c``, timed on the generation thread. A micro-measurement
-        called outside runs, so this is the one place the engine reads the clock (time.perf_counter)."""
+        called outside runs, so this is the one place the engine reads the clock
+        (time.perf_counter)."""
         import time
 
         import torch
