@@ -87,22 +87,10 @@ def build(out: Path, dims: dict[str, int], dtype: Any, device: str, seed: int) -
 
 
 def bandwidth(device: str) -> float:
-    """Best read + write bytes/s of a large copy on ``device``."""
-    if not device.startswith("cuda"):
-        return measure_bandwidth(256, 5)["best"]
-    import torch
-
-    src = torch.ones(2**28, dtype=torch.float32, device=device)  # 1 GiB
-    dst = torch.empty_like(src)
-    best = 0.0
-    for _ in range(6):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        torch.cuda.synchronize()
-        best = max(best, 2 * src.numel() * 4 / (time.perf_counter() - t0))
-    del src, dst
-    return best
+    """Best read + write bytes/s of a large copy on ``device`` (1 GiB on CUDA)."""
+    if device.startswith("cuda"):
+        return measure_bandwidth(1024, 6, device)["best"]
+    return measure_bandwidth(256, 5)["best"]
 
 
 async def _harness(engine: Any, reqs: list[Any], tokens: int) -> dict[str, float]:
@@ -178,9 +166,12 @@ async def check(device: str, sizes: dict[str, dict[str, int]], n_prompts: int, t
         n_params, nbytes = weights_read_per_token(plain.model)
         costs = engines[f"assisted K={K}"].step_costs(10 if device == "cpu" else 30)
         reqs = requests(prompts(n_prompts, tag="gpu"))
-        for e in engines.values():  # warm-up: kernels, caches, allocator
-            await _harness(e, reqs[:1], 8)
-        _raw(plain, reqs[:1], 8)
+        # warm-up: a whole untimed round. On an H200 a thread's first pass through each new
+        # shape (every KV length) ran 5-10x slower (engines/hf_thread.py); one short request
+        # left the first timed rounds at 26-52 tok/s against 117-184 in the third (2026-11-30).
+        for e in engines.values():
+            await _harness(e, reqs, tokens)
+        _raw(plain, reqs, tokens)
         sides: dict[str, list[dict[str, float]]] = {name: [] for name in engines}
         sides["raw generate"] = []
         counters = {name: e.spec_counters() for name, e in engines.items()}

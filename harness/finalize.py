@@ -14,14 +14,19 @@ from harness.results import SCHEMA_VERSION, Run, environment
 
 
 def _speed_of_light(plan: RunPlan, runs: list[Run]) -> dict[str, Any] | None:
-    """Batch-1 decode bound of a local target (weights read once per token), or None."""
-    from harness.sol import bound_for, count_params, measure_bandwidth
+    """Batch-1 decode bound of a local target (weights read once per token), or None. The
+    bandwidth is measured where the weights are: an in-process engine's device (HF ``device``,
+    vLLM ``platform``); host memory otherwise."""
+    from harness.sol import bound_for, count_params, measure_bandwidth, weights_device
 
     if not any(r.cell.mode == "latency" for r in runs) or count_params(plan.model) is None:
         return None
-    dtype = next((str(r.engine_info.get("dtype", "")) for r in runs if r.engine_info), "")
-    bandwidth = measure_bandwidth(mib=256, reps=5)["best"]
-    return bound_for(plan.model, dtype.removeprefix("torch."), bandwidth)
+    infos = [r.engine_info for r in runs if r.engine_info]
+    dtype = next((str(i.get("dtype", "")) for i in infos), "")
+    device = weights_device(infos)
+    bandwidth = measure_bandwidth(mib=256, reps=5, device=device)["best"]
+    memory = device if device.startswith("cuda") else "host"
+    return bound_for(plan.model, dtype.removeprefix("torch."), bandwidth, memory)
 
 
 def finalize(

@@ -130,7 +130,8 @@ def render(results: Mapping[str, Any]) -> str:
             lines.append(
                 f"\nSpeed of light (batch-1 decode reads all {sol['n_params'] / 1e6:.2f}M "
                 f"parameters x {sol['bytes_per_param']} B per token at "
-                f"{sol['bandwidth_bytes_s'] / 1e9:.1f} GB/s): {sol['tok_s']:.0f} tok/s; "
+                f"{sol['bandwidth_bytes_s'] / 1e9:.1f} GB/s, {sol.get('memory', 'host')} memory): "
+                f"{sol['tok_s']:.0f} tok/s; "
                 f"reached: {shares}."
             )
         for n in not_run:

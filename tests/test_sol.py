@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.sol import bound_for, count_params, speed_of_light
+from harness.sol import bound_for, count_params, speed_of_light, weights_device
 
 
 def test_count_params_reads_the_header(embedded_pair):
@@ -18,3 +18,13 @@ def test_bound(embedded_pair, tmp_path):
     assert bound_for(str(tmp_path), "float32", 1e9) is None  # no weights: size unknown
     with pytest.raises(ValueError):
         speed_of_light(0, 4, 1e9)
+
+
+def test_the_bound_reads_bandwidth_where_the_weights_are() -> None:
+    """An HF model on CUDA was held to host bandwidth (23 GB/s on an H200 machine: "290% of the
+    bound"): the device comes from the engines' own descriptions."""
+    assert weights_device([{"device": "cuda:0", "dtype": "float16"}]) == "cuda:0"
+    assert weights_device([{}, {"platform": "cuda"}]) == "cuda"
+    assert weights_device([{"device": "cpu"}]) == "cpu"
+    assert weights_device([{"platform": "cpu"}]) == "cpu"
+    assert weights_device([{"base_url": "http://x/v1"}]) == "cpu"
