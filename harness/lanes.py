@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -102,17 +101,6 @@ async def close_lanes(lanes: Sequence[Lane]) -> None:
                 cancelled = cancelled or exc
     if cancelled is not None:
         raise cancelled
-
-
-def rss_mb() -> float | None:
-    """This process's resident memory (MB), where /proc has it: recorded after every block's
-    engines are closed, so a leak from rebuilding engines shows in results.json."""
-    try:
-        with open("/proc/self/statm") as f:
-            pages = int(f.read().split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
 
 
 async def spec_counters(engine: Engine) -> SpecCounters | None:

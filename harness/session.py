@@ -19,6 +19,7 @@ from engines.base import (
     Request,
     UnsupportedError,
 )
+from engines.heap import rss_mb, trim_heap
 from harness.analysis import precise_enough
 from harness.design import (
     INTERLEAVED,
@@ -39,7 +40,6 @@ from harness.lanes import (
     cache_counters,
     close_lanes,
     reset_cache,
-    rss_mb,
     spec_counters,
     unsupported_method,
 )
@@ -65,6 +65,7 @@ class Session:
     built: list[list[str]] = field(default_factory=list)  # per block: engine/label, build order
     instances: dict[str, str] = field(default_factory=dict)  # engine/label -> PER_BLOCK | ONE
     rss_after_block_mb: list[float | None] = field(default_factory=list)  # per-block instances
+    heap_trimmed_mb: list[float | None] = field(default_factory=list)  # returned after each block
     _t0: float = 0.0
     _seq: int = 0  # runs so far
     _blocks: int = 0  # blocks (one repeat of every lane) so far: the rotation
@@ -100,6 +101,7 @@ class Session:
         )  # fmt: skip
         if self.rss_after_block_mb:  # a leak from rebuilding engines would show here
             record["rss_after_block_mb"] = list(self.rss_after_block_mb)
+            record["heap_trimmed_mb"] = list(self.heap_trimmed_mb)  # engines/heap.py
         return record
 
     def _todo(self, lane: Lane) -> list[Point]:
@@ -219,7 +221,8 @@ class Session:
         finally:
             try:
                 await close_lanes(lanes)
-            finally:  # measured after the close, even when the close was cancelled
+            finally:  # after the close (even a cancelled one), freed heap back to the OS
+                self.heap_trimmed_mb.append(trim_heap())
                 self.rss_after_block_mb.append(rss_mb())
 
     async def _start(self, lane: Lane, cells: Sequence[Cell] | None = None) -> None:

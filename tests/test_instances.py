@@ -72,8 +72,10 @@ def _run(
     done: set[str] | None = None,
     engine: str = "rebuilt",
     methods: dict[str, str] | None = None,
+    log: list[Any] | None = None,
 ) -> tuple[Session, list[Any], list[Instance]]:
-    clock, log, made = FakeClock(), [], []
+    clock, made = FakeClock(), []
+    log = [] if log is None else log
 
     def factory(config: EngineConfig) -> Instance:
         label = config.options["label"]
@@ -133,6 +135,22 @@ def test_every_block_builds_fresh_instances_in_its_own_seeded_order() -> None:
     assert starts_t == sorted(starts_t)
     assert all(a.cell.label != b.cell.label for a, b in zip(runs, runs[1:])
                if a.schedule.block == b.schedule.block and a.schedule.point == b.schedule.point)  # fmt: skip
+
+
+def test_the_heap_is_trimmed_after_every_block_before_its_rss_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Closed engines leave freed heap in glibc's arenas (engines/heap.py): each block's close
+    is followed by one trim, before the next block builds, and what it returned is recorded."""
+    from harness import session as session_module
+
+    log: list[Any] = []
+    monkeypatch.setattr(session_module, "trim_heap", lambda: log.append(("trim",)) or 12.5)
+    session, _, _ = _run(_plan(engines=("rebuilt",)), LABELS, log=log)
+    kinds = [e[0] for e in log if e[0] != "req"]
+    assert kinds == (["start"] * 3 + ["close"] * 3 + ["trim"]) * 3
+    record = session.design_record([f"rebuilt/{lb}" for lb in LABELS])
+    assert record["heap_trimmed_mb"] == [12.5] * 3 and len(record["rss_after_block_mb"]) == 3
 
 
 def test_instances_one_keeps_one_instance_per_lane() -> None:
