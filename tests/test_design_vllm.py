@@ -70,6 +70,15 @@ def test_three_in_process_engines_run_interleaved(session: Session) -> None:
     assert len(session.built) == 2 and all(len(b) == 3 for b in session.built)  # per block
 
 
+def test_engines_rebuilt_block_by_block_do_not_grow_memory(session: Session) -> None:
+    """Each block's three engines are closed before the next block's are built (on the shared
+    stepping thread): the process's memory after block 2 is that after block 1, not that of two
+    blocks' engines (one leaked tiny engine holds ~500 MB; seen: +1 MB per block)."""
+    rss = session.design_record(["baseline", "ngram", "draft_model"])["rss_after_block_mb"]
+    print(f"RSS after each block (MB): {rss}")
+    assert len(rss) == 2 and rss[1] - rss[0] < 300, rss
+
+
 def test_each_engine_counts_its_own_speculation(session: Session) -> None:
     """vLLM's Prometheus registry is process-global (the newest engine's): each lane's counters
     must still be its own, in every run."""
@@ -114,18 +123,3 @@ def test_prefix_cache_counters_see_hits_until_reset(embedded_pair: tuple[str, st
 
     first, repeat, after_reset = asyncio.run(go())
     assert first["hits"] == 0 and repeat["hits"] >= 128 and after_reset["hits"] == 0
-
-
-def test_engines_rebuilt_block_by_block_do_not_grow_memory(embedded_pair: tuple[str, str]) -> None:
-    """Fresh in-process vLLM engines per block (closed before the next are built, on the shared
-    stepping thread): the process's memory after block 4 is not that of 4 blocks' engines."""
-    target, _ = embedded_pair
-    config = EngineConfig(engine="vllm", model=target)
-    plan = _plan(modes=("latency",), max_new_tokens=(4,), repeats=4, max_repeats=4, warmup=0)
-    s = Session(plan, PROMPTS[:1], progress=False)
-    asyncio.run(s.execute([("baseline", config), ("baseline-aa", config)]))
-    assert [r.status for r in s.runs] == ["ok"] * 8
-    assert len(s.built) == 4 and all(len(b) == 2 for b in s.built)
-    rss = s.design_record(["baseline", "baseline-aa"])["rss_after_block_mb"]
-    print(f"RSS after each block (MB): {rss}")
-    assert len(rss) == 4 and rss[3] - rss[0] < 300, rss  # 2 leaked engines: ~1 GB per block
