@@ -4,18 +4,15 @@ embedded target, on the same synthetic prompts: vLLM's result file joins the har
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from engines.base import EngineConfig
-from engines.vllm_server import VLLMServerEngine
 from harness.cli import main
+from tests.servers import ServerPool
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM = ROOT / ".venv" / "bin" / "vllm"
@@ -24,24 +21,10 @@ LENGTHS = ["--random-input-len", "48", "--random-output-len", "12", "--num-promp
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, embedded_pair) -> Iterator[tuple[str, str]]:
-    target = embedded_pair[0]
-    log = tmp_path_factory.mktemp("srv") / "server.log"
-    cfg = EngineConfig(
-        engine="vllm-server",
-        model=target,
-        dtype="float32",
-        engine_args={"max_num_seqs": 8},
-        options={"log_path": str(log)},
-    )
-    engine = VLLMServerEngine(cfg)
-    loop = asyncio.new_event_loop()
-    loop.run_until_complete(engine.start())
-    try:
-        yield engine.base_url, target
-    finally:
-        loop.run_until_complete(engine.close())
-        loop.close()
+def server(managed_servers: ServerPool) -> tuple[str, str]:
+    """The session's shared baseline server (tests/servers.py): another start would cost ~25 s."""
+    engine = managed_servers.get("vllm-base")["vllm-base"]
+    return engine.base_url, engine.config.model
 
 
 @pytest.mark.slow
