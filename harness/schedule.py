@@ -72,14 +72,14 @@ def ranges(ks: Sequence[tuple[int, int]]) -> Schedule:
 def build_config(
     picks: Sequence[Pick], method_configs: Mapping[str, Mapping[str, Any]]
 ) -> tuple[dict[str, Any] | None, Schedule, list[str]]:
-    """(speculative_config, schedule, notes). The config is None where speculation pays at no
-    load: a schedule of K = 0 everywhere is not the same as no speculative_config (the engine
+    """(speculative_config, schedule, notes). The config is None where speculation pays at none
+    of the loads tuned: a schedule of K = 0 everywhere is not the same as no speculative_config (the engine
     still carries the method: measured 0.81x [0.72, 0.90] of the baseline for draft_model on
     the tiny pair), so the answer there is to run without one."""
     notes: list[str] = []
     method = choose_method(picks)
     if method is None:
-        return None, (), ["speculation pays at no load: run without a speculative_config"]
+        return None, (), ["speculation pays at none of the loads tuned: run without a speculative_config"]
     ks: list[tuple[int, int]] = []
     for p in sorted(picks, key=lambda p: p.load):
         if p.method in (method, None):

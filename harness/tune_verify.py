@@ -65,7 +65,7 @@ class Verification:
         gain = (
             f"beats fixed {self.fixed.label} at load {', '.join(map(str, wins))}"
             if wins
-            else f"beats fixed {self.fixed.label} at no load"
+            else f"beats fixed {self.fixed.label} at none of the loads tuned"
         )
         return (
             f"tune: verified: {self.what} {gain} and is never significantly slower than it "

@@ -176,7 +176,7 @@ def test_build_config_one_method_nearest_legal_schedule():
     assert lookup[1] == 4 and lookup[3] == 3 and lookup[5] == 1 and lookup[8] == lookup[64] == 0
     off, schedule, notes = build_config([Pick(1, None, 0, 1.0, {})], method_cfgs)
     assert off is None and schedule == ()  # K = 0 everywhere is not free: no config at all
-    assert "pays at no load" in notes[0]
+    assert "pays at none of the loads tuned" in notes[0]
 
 
 # ---- verification ----------------------------------------------------------------------------

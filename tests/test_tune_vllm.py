@@ -65,7 +65,7 @@ def test_tune_end_to_end_writes_config_table_and_verification(tmp_path, embedded
     tune = json.loads((out / "tune.json").read_text())
     if tune["speculative_config"] is None:  # ngram paid at neither load: no file, said
         assert not (out / "speculative_config.json").exists()
-        assert "pays at no load" in " ".join(tune["notes"])
+        assert "pays at none of the loads tuned" in " ".join(tune["notes"])
     else:
         cfg = json.loads((out / "speculative_config.json").read_text())
         assert cfg["method"] == "ngram" and cfg["prompt_lookup_max"] == 3
