@@ -19,19 +19,22 @@ from engines.base import EngineConfig, EngineError
 # The neutral run-level settings (``None`` when a flag was not given):
 #   base_url: [URL, ...] (normalised to .../v1), variant_urls: {label: [URL, ...]} | None,
 #   request_timeout, max_concurrency, endpoint, api_key_env, api_key_file, served_model,
-#   server_start_timeout
+#   server_start_timeout, token_ids (bool: the run needs each chunk's token ids: it compares
+#   outputs, or a speculative variant streams several tokens per event)
 RunFlags = Mapping[str, Any]
 
-CLIENT_FLAGS = frozenset({"request_timeout", "max_concurrency", "endpoint"})
+CLIENT_FLAGS = frozenset({"request_timeout", "max_concurrency", "endpoint", "token_ids"})
 OPENAI_FLAGS = CLIENT_FLAGS | {"base_url", "api_key_env", "api_key_file", "served_model"}
 SERVER_FLAGS = CLIENT_FLAGS | {"server_start_timeout"}
 
 
 def client_options(flags: RunFlags) -> dict[str, Any]:
-    """What every HTTP client takes: the request timeout, the most in flight, the endpoint."""
+    """What every HTTP client takes: the request timeout, the most in flight, the endpoint,
+    whether to ask for token ids."""
     out = {"request_timeout": flags["request_timeout"], "max_concurrency": flags["max_concurrency"]}
-    if flags.get("endpoint") is not None:
-        out["endpoint"] = flags["endpoint"]
+    for key in ("endpoint", "token_ids"):
+        if flags.get(key) is not None:
+            out[key] = flags[key]
     return out
 
 

@@ -1,10 +1,13 @@
 """An existing OpenAI-compatible server (vLLM, SGLang, TGI, transformers serve, ...) over
 aiohttp, streamed with SSE.
 
-Requests are spread round-robin over ``base_urls``. vLLM servers are asked for per-chunk token
-ids (``return_token_ids``), ``ignore_eos`` and ``min_tokens``; other servers get plain OpenAI
-requests (transformers serve answers 422 to unknown fields) and every SSE event with new text
-counts as one token. The total is the server's usage, else the token ids, else the local
+Requests are spread round-robin over ``base_urls``. vLLM servers get ``ignore_eos`` and, when
+option ``token_ids`` is set (default), per-chunk token ids (``return_token_ids``: exact counts of
+multi-token events, the outputs the harness compares); nothing else: every extra field is work
+the server does for the client (``min_tokens`` added vLLM's min-tokens logits processor to every
+step, although ``ignore_eos`` alone already generates ``max_tokens``). Other servers get plain
+OpenAI requests (transformers serve answers 422 to unknown fields) and every SSE event with new
+text counts as one token. The total is the server's usage, else the token ids, else the local
 tokenizer's count of the text; each record says which, and how its stream ended (see
 :mod:`engines.sse`). Speculative counters and load gauges come from ``/metrics`` (see
 :mod:`engines.prom`). No torch, transformers or vllm import: an HTTP run stays light.
@@ -91,6 +94,7 @@ class OpenAIEngine(OpenAIFlags, Engine):
         self.max_concurrency: int | None = opts.get("max_concurrency")
         self.served_model: str | None = opts.get("served_model")
         self.vllm_extras: bool | None = opts.get("vllm_extras")
+        self.token_ids: bool = opts.get("token_ids", True)  # ask a vLLM server for token ids
         self.extra_body: dict[str, Any] = dict(opts.get("extra_body") or {})
         self.server_version: str | None = None
         self._api_key = read_api_key(opts)
@@ -183,6 +187,7 @@ class OpenAIEngine(OpenAIFlags, Engine):
             "endpoint": self.endpoint or "auto (completions for prompts, chat for messages)",
             "server_version": self.server_version,
             "vllm_extras": self.vllm_extras,
+            "token_ids_asked": bool(self.vllm_extras and self.token_ids),
             "request_timeout_s": self.request_timeout,
             "max_concurrency": self.max_concurrency,
             "api_key_env": self.config.options.get("api_key_env", "OPENAI_API_KEY"),
@@ -385,11 +390,11 @@ class OpenAIEngine(OpenAIFlags, Engine):
         else:
             body["prompt"] = request.prompt or ""
         if self.vllm_extras:
-            body["return_token_ids"] = True
+            if self.token_ids:
+                body["return_token_ids"] = True
             if request.cache_salt:
                 body["cache_salt"] = request.cache_salt
-            if params.ignore_eos:
+            if params.ignore_eos:  # EOS and the generation config's extra EOS ids: not stops
                 body["ignore_eos"] = True
-                body["min_tokens"] = max_tokens
         body.update(self.extra_body)
         return ENDPOINTS[endpoint], body

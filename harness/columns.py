@@ -75,6 +75,8 @@ def sanity_text(s: Mapping[str, Any] | None) -> str:
     if not s or not s.get("outputs"):
         return "n/a"
     parts = [f"{k} {s[k]:.0%}" for k in ("whitespace", "repetition") if s.get(k)]
+    if s.get("repetition", 0) is None:  # no token ids: loops were not looked for
+        parts.append("repetition n/a")
     return ", ".join(parts) if parts else "none"
 
 

@@ -311,6 +311,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds before a request is recorded as timed out",
     )
     h.add_argument(
+        "--token-ids",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="ask a vLLM server for each chunk's token ids (return_token_ids): auto (default) = "
+        "when the run compares outputs (several variants or engines) or has a speculative "
+        "variant (several tokens per event); off: counts from the server's usage, no lossless "
+        "check, no repetition check",
+    )
+    h.add_argument(
         "--client-workers",
         type=positive_int,
         default=1,

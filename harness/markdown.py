@@ -117,7 +117,7 @@ def render(results: Mapping[str, Any]) -> str:
             Line(r, _at(comps, r.get("comparison")), _at(checks, r.get("lossless"))) for r in rows
         ]
         lines.append(table(MAIN, view, first.get("deciding_metric", "output_tok_s")))
-        lines += in_flight_notes(rows)
+        lines += in_flight_notes(rows) + token_id_notes(rows)
         extra = percentile_columns(results.get("config") or {})
         if extra:
             lines += ["", table(extra, view)]
@@ -215,6 +215,21 @@ def in_flight_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             out.append(
                 f"\n- {r['name']}: peak in flight {peak:g} < the asked concurrency {asked} "
                 f"(requests per repeat: {r['summary']['completed'] // max(1, r['repeats'])})"
+            )
+    return out
+
+
+def token_id_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A line for each configuration whose outputs carry no token ids (``--token-ids``, or a
+    server that sends none): where its token counts came from, and the checks that need ids."""
+    out = []
+    for r in rows:
+        s = r.get("sanity") or {}
+        if s.get("outputs") and s.get("with_token_ids") == 0:
+            src = ", ".join(s.get("tokens_from") or ()) or "chunk counts"
+            out.append(
+                f"\n- {r['name']}: no token ids (output tokens from {src}): the lossless and "
+                "repetition checks are n/a"
             )
     return out
 

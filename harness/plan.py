@@ -72,6 +72,7 @@ class RunPlan:
     # ---- requests and sampling
     temperature: float = 0.0
     ignore_eos: bool = False
+    token_ids: str = "auto"  # --token-ids; each HTTP engine's options hold what it resolved to
     num_prompts: int | None = None  # None: the whole workload
     workload_fingerprint: str | None = None  # the prompt set itself (set once it is loaded)
     turn: int = 0  # which turn of multi-turn files

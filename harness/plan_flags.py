@@ -21,6 +21,10 @@ from harness.vllm_flags import api_root
 DEFAULT_MAX_NEW_TOKENS = 32
 DEFAULT_CONCURRENCY = 4  # one load point: 4 in flight (the main job must fit 10 min on 2 cores)
 
+# --token-ids: forced on, forced off, or (None) as the run needs: when it compares outputs or a
+# speculative variant streams several tokens per event
+TOKEN_IDS = {"on": True, "off": False, "auto": None}
+
 
 def build_plan(
     args: argparse.Namespace, model: str, draft: str | None, eagle3: str | None = None
@@ -79,7 +83,9 @@ def build_plan(
         why = refusal(engines, workers)
         if why:
             raise UsageError(why)
-    options = engine_options(args, engines, speculative=bool(methods or spec_config))
+    speculative = bool(methods or spec_config)
+    compares = speculative or args.aa or len(engines) > 1
+    options = engine_options(args, engines, speculative, compares)
     return RunPlan(
         engines=engines,
         model=model,
@@ -117,6 +123,7 @@ def build_plan(
         client_workers=workers,
         temperature=args.temperature,
         ignore_eos=args.ignore_eos,
+        token_ids=getattr(args, "token_ids", "auto"),
         num_prompts=args.num_prompts,
         turn=args.turn,
         interleave=not args.sequential,
@@ -134,10 +141,12 @@ def build_plan(
 
 
 def engine_options(
-    args: argparse.Namespace, engines: tuple[str, ...], speculative: bool
+    args: argparse.Namespace, engines: tuple[str, ...], speculative: bool, compares: bool = False
 ) -> dict[str, dict[str, Any]]:
     """Each engine's options from the run-level flags it declares (``Engine.run_flags``; what
-    they mean is the engine's: ``Engine.options_from``); --base-url only where one takes it."""
+    they mean is the engine's: ``Engine.options_from``); --base-url only where one takes it.
+    ``compares``: the run compares outputs (several variants or engines), so ``--token-ids
+    auto`` asks for the ids."""
     # vLLM's bench serve server root (http://host:8000) means .../v1 here
     urls = [api_root(u) for u in args.base_url] if args.base_url else None
     flags = {
@@ -150,6 +159,7 @@ def engine_options(
         "api_key_file": args.api_key_file,
         "served_model": args.served_model,
         "server_start_timeout": args.server_start_timeout,
+        "token_ids": _token_ids(getattr(args, "token_ids", "auto"), compares or speculative),
     }
     options = {e: engine_class(e).options_from(flags, speculative) for e in engines}
     if urls and not any("base_url" in engine_class(e).run_flags for e in engines):
@@ -159,6 +169,11 @@ def engine_options(
             f"--base-url is for --engine {' or '.join(takers)} ({', '.join(own)} start their own)"
         )
     return {e: o for e, o in options.items() if o}
+
+
+def _token_ids(flag: str, needed: bool) -> bool:
+    forced = TOKEN_IDS[flag]
+    return needed if forced is None else forced
 
 
 def spec_config_arg(value: str | None) -> dict[str, Any] | None:

@@ -48,12 +48,20 @@ def degenerate(record: RequestRecord) -> str | None:
 
 
 def sanity(records: Sequence[RequestRecord]) -> dict[str, Any]:
-    """Share of counted outputs that are degenerate, by kind."""
+    """Share of counted outputs that are degenerate, by kind; how many carry token ids, and
+    where their token counts came from."""
     counted = [r for r in records if r.counted]
     kinds = [degenerate(r) for r in counted]
     out: dict[str, Any] = {"outputs": len(counted)}
     for kind in ("whitespace", "repetition"):
         out[kind] = kinds.count(kind) / len(counted) if counted else None
+    out["with_token_ids"] = sum(r.output_token_ids is not None for r in counted)
+    if counted and not out["with_token_ids"]:
+        out["repetition"] = None  # loops are found in token ids: none were streamed
+    # where the output token counts came from (HTTP engines: server usage, token ids, ...)
+    out["tokens_from"] = sorted(
+        {str(x) for r in counted if (x := r.info.get("output_tokens_from"))}
+    )
     return out
 
 

@@ -48,6 +48,7 @@ class Behaviour:
     delay: float = 0.0
     first_delay: float | None = None
     token_ids: bool = True  # include choices[0].token_ids (vLLM's return_token_ids)
+    ids_if_asked: bool = False  # as vLLM: token ids only when the body has return_token_ids
     usage: bool = True
     big_line: int = 0  # > 0: the first event's text is this many bytes (one huge SSE line)
     multiline: bool = False  # split each event's JSON over two ``data:`` lines
@@ -231,7 +232,7 @@ class FakeServer:
                 choice["delta"] = {"content": text} if text else {}
             else:
                 choice["text"] = text
-            if b.token_ids:
+            if b.token_ids and (body.get("return_token_ids") or not b.ids_if_asked):
                 choice["token_ids"] = [TOKEN_BASE + k for k in ks]
             return {"id": "x", "model": self.model, "choices": [choice]}
 

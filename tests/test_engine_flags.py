@@ -59,3 +59,33 @@ def test_base_url_for_no_engine_of_the_run_names_the_engines_that_take_one(toy: 
     ):
         _plan("--engine", "hf", "--base-url", "http://h:8000/v1")
     assert "toy-http" not in _plan("--engine", "hf").options  # an engine with no flags: nothing
+
+
+URL = ("--base-url", "http://h:8000/v1")
+TWO_URLS = ("--base-url", "baseline=http://h:1/v1", "ngram=http://h:2/v1")
+
+
+@pytest.mark.parametrize(
+    ("flags", "asked"),
+    [
+        (("--engine", "openai", *URL), False),  # one variant: nothing to compare, one token/event
+        (("--engine", "openai", *URL, "--token-ids", "on"), True),
+        (("--engine", "openai", "--spec", "ngram", *TWO_URLS), True),  # several tokens per event
+        (("--engine", "openai", "--spec", "ngram", *TWO_URLS, "--token-ids", "off"), False),
+        (("--engine", "openai", "--aa", *URL), True),  # two variants' outputs compared
+        (("--engine", "openai,vllm-server", *URL), True),  # engine vs engine
+        (("--engine", "vllm-server"), False),
+        (("--engine", "vllm-server", "--spec", "ngram"), True),
+    ],
+)
+def test_token_ids_are_asked_for_when_the_run_needs_them(
+    flags: tuple[str, ...], asked: bool
+) -> None:
+    """--token-ids auto: ids when the run compares outputs or has a speculative variant; on/off
+    force it. The plan records the flag, each HTTP engine's options what it resolved to."""
+    plan = _plan(*flags)
+    http = [e for e in plan.engines if e in ("openai", "vllm-server")]
+    assert [plan.options[e]["token_ids"] for e in http] == [asked] * len(http)
+    given = flags[flags.index("--token-ids") + 1] if "--token-ids" in flags else "auto"
+    assert plan.token_ids == given == plan.to_json()["token_ids"]
+    assert "token_ids" not in plan.options.get("hf", {})

@@ -82,11 +82,32 @@ def test_token_ids_per_chunk_and_usage() -> None:
         assert sent.body["stream"] is True and sent.body["stream_options"] == {
             "include_usage": True
         }
-        assert sent.body["max_tokens"] == 8 and sent.body["min_tokens"] == 8
+        # ignore_eos alone reaches max_tokens on vLLM; min_tokens would add its logits processor
+        assert sent.body["max_tokens"] == 8 and "min_tokens" not in sent.body
         assert sent.body["ignore_eos"] is True and sent.body["return_token_ids"] is True
         assert sent.body["model"] == "fake-model" and sent.body["seed"] == 0
+        assert engine.describe()["token_ids_asked"] is True
 
-    _run(Behaviour(tokens=10, per_chunk=3), body)
+    _run(Behaviour(tokens=10, per_chunk=3, ids_if_asked=True), body)
+
+
+def test_without_token_ids_counts_come_from_usage() -> None:
+    """Option token_ids=False (a run that compares nothing): a vLLM server is not asked for ids;
+    each event counts one token, the server's usage gives the total."""
+
+    async def body(engine: OpenAIEngine, server: FakeServer) -> None:
+        chunks = await _collect(engine)
+        timed = [c for c in chunks if c.size]
+        assert all(not c.token_ids for c in timed) and _tokens(timed) == 10
+        assert [c.usage_output_tokens for c in chunks if c.usage_output_tokens] == [10]
+        assert chunks[-1].info["output_tokens_from"] == "server usage"
+        sent = server.requests[0].body
+        assert "return_token_ids" not in sent and "min_tokens" not in sent
+        assert sent["ignore_eos"] is True
+        assert engine.describe()["token_ids_asked"] is False
+        assert engine.client_config().options["token_ids"] is False  # client workers too
+
+    _run(Behaviour(tokens=10, ids_if_asked=True), body, token_ids=False)
 
 
 def test_chat_multiline_crlf_comments_and_text_only_server() -> None:
@@ -103,6 +124,7 @@ def test_chat_multiline_crlf_comments_and_text_only_server() -> None:
         assert sent.body["messages"] == [{"role": "user", "content": "hello there"}]
         assert not {"return_token_ids", "ignore_eos", "min_tokens"} & set(sent.body)
         assert engine.describe()["vllm_extras"] is False
+        assert engine.describe()["token_ids_asked"] is False
 
     _run(b, body, {"vllm": False})
 

@@ -215,3 +215,49 @@ def test_server_metrics_read_at_run_edges_unless_sampling_is_asked(tmp_path, cap
             assert load["samples"] >= 3  # a scrape cut by the run's end is not a sample:
             assert len(scrapes) - 2 - load["samples"] in (0, 1)
             assert load["server_num_requests_running_peak"] == 2
+
+
+def test_token_ids_asked_only_when_the_run_compares_outputs(tmp_path, capsys):
+    """One variant: no return_token_ids (a server like vLLM's then sends none), counts from the
+    server's usage, the record and summary.md say so. Two variants: ids asked and compared;
+    --token-ids off: the lossless check reads n/a, never a figure."""
+    server = FakeServer(Behaviour(tokens=6, ids_if_asked=True))
+    spec = ("--spec", "ngram", "--base-url")
+    with ServerThread(server) as url:
+        both = (*spec, f"baseline={url}", f"ngram={url}")
+        runs = {}
+        for name, extra in (("one", ()), ("two", both), ("off", (*both, "--token-ids", "off"))):
+            (tmp_path / name).mkdir()
+            sent = len(server.requests)
+            code, out = run_harness(tmp_path / name, url, 4, "--ignore-eos", *extra)
+            assert code == 0, capsys.readouterr().err
+            runs[name] = (
+                json.loads((out / "results.json").read_text()),
+                out,
+                server.requests[sent:],
+            )
+    res, out, bodies = runs["one"]
+    assert (
+        res["config"]["token_ids"] == "auto"
+        and res["config"]["options"]["openai"]["token_ids"] is False
+    )
+    assert all("return_token_ids" not in r.body and "min_tokens" not in r.body for r in bodies)
+    assert all(r.body["ignore_eos"] is True for r in bodies)
+    (run,) = res["runs"]
+    assert run["engine_info"]["token_ids_asked"] is False
+    ok = [r for r in run["records"] if r["ok"]]
+    assert len(ok) == 4 and all(
+        r["output_tokens"] == 6 and r["output_token_ids"] is None for r in ok
+    )
+    md = (out / "summary.md").read_text()
+    assert "openai/baseline: no token ids (output tokens from server usage)" in md
+    assert "| repetition n/a " in md  # not "none": loops were not looked for
+    res, out, bodies = runs["two"]
+    assert all(r.body["return_token_ids"] is True for r in bodies)
+    assert {r["engine_info"]["token_ids_asked"] for r in res["runs"]} == {True}
+    assert [c["identical"] for c in res["lossless"]] == [4]
+    assert "no token ids" not in (out / "summary.md").read_text()
+    res, out, bodies = runs["off"]
+    assert not any("return_token_ids" in r.body for r in bodies)
+    assert [c["status"] for c in res["lossless"]] == ["n/a (no token ids)"]
+    assert "| n/a (no token ids)" in (out / "summary.md").read_text()
