@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from bench.common import Result, med, prompts, ratio_headline, ratios, spread, table, target_model
+from bench.recorder import Recorder, costly_differences, generation_bodies
 from bench.vbench import VBench, command
 
 SAMPLED_S = 0.5  # the interval every run used before sampling became opt-in
@@ -36,6 +37,31 @@ def _harness_argv(url: str, model: str, data: Path, tokens: int, c: int, out: Pa
         "--ignore-eos", "--temperature", "0", "--repeats", "1", "--warmup", "0",
         "--output-dir", str(out), "--quiet", "--no-plots",
     ]  # fmt: skip
+
+
+def _vbench_argv(root: str, model: str, data: Path, tokens: int, c: int, n: int, work: Path):
+    return [
+        "--backend", "openai", "--base-url", root, "--endpoint", "/v1/completions",
+        "--model", model, "--tokenizer", model, "--dataset-name", "custom",
+        "--dataset-path", str(data), "--custom-output-len", str(tokens),
+        "--skip-chat-template", "--disable-shuffle", "--ignore-eos",
+        "--max-concurrency", str(c), "--num-prompts", str(n), "--temperature", "0",
+        "--save-result", "--result-dir", str(work), "--disable-tqdm",
+    ]  # fmt: skip
+
+
+def fields_line(bodies: dict[str, list[dict]]) -> tuple[str, list[str]]:
+    """One line: the fields of each client's first generation request (recorded in the warm-up)
+    and those on which they differ in work asked of the server."""
+    h, v = (generation_bodies(bodies[k])[0] for k in ("harness", "vbench"))
+    diff = costly_differences(h, v)
+    line = (
+        f"Request fields (recorded in the warm-up through a pass-through): harness "
+        f"{json.dumps(h | {'prompt': '...'})}; vllm bench {json.dumps(v | {'prompt': '...'})}; "
+        f"differing in work asked of the server: {', '.join(diff) or 'none'} (a seed at "
+        "temperature 0 and vLLM's defaults cost nothing)."
+    )
+    return line, diff
 
 
 def _harness(argv: list[str], out: Path) -> dict:
@@ -83,24 +109,19 @@ async def run(quick: bool) -> Result:
         url = server.base_url
         root = url.removesuffix("/v1")
         timeout = aiohttp.ClientTimeout(total=30)
-        vargv = [
-            "--backend", "openai", "--base-url", root, "--endpoint", "/v1/completions",
-            "--model", model, "--tokenizer", model, "--dataset-name", "custom",
-            "--dataset-path", str(data), "--custom-output-len", str(tokens),
-            "--skip-chat-template", "--disable-shuffle", "--ignore-eos",
-            "--max-concurrency", str(c), "--num-prompts", str(n), "--temperature", "0",
-            "--save-result", "--result-dir", str(work), "--disable-tqdm",
-        ]  # fmt: skip
+        vargv = _vbench_argv(root, model, data, tokens, c, n, work)
         runs: dict[str, list[dict]] = {"harness": [], "vbench": [], "sampled": []}
         count = iter(range(10**6))
+        via = {"root": root}  # the warm-up goes through a recorder of the request bodies
 
         async def harness_side(extra: list[str]) -> dict:
             out = work / f"h{next(count)}"
-            argv = _harness_argv(url, model, data, tokens, c, out) + extra
+            argv = _harness_argv(via["root"] + "/v1", model, data, tokens, c, out) + extra
             return await asyncio.to_thread(_harness, argv, out)
 
         async def vbench_side() -> dict:
-            r = await asyncio.to_thread(vb.run, vargv)
+            argv = _vbench_argv(via["root"], model, data, tokens, c, n, work)
+            r = await asyncio.to_thread(vb.run, argv)
             assert r["failed"] == 0, r["errors"]
             return {
                 "tok_s": r["output_throughput"],
@@ -121,8 +142,17 @@ async def run(quick: bool) -> Result:
             r["server_itl"] = prom.mean_between(before, after, "itl")
             runs[name].append(r)
 
+        bodies: dict[str, list[dict]] = {}
         for name in sides:  # untimed warm-up of the server and every client
-            await timed(name)
+            if name == "sampled":
+                await timed(name)
+                continue
+            recorder = Recorder(root)
+            async with recorder as via["root"]:
+                await timed(name)
+            bodies[name], via["root"] = recorder.bodies, root
+        fields, costly = fields_line(bodies)
+        assert not (quick and costly), fields  # the harness asks no more of the server
         for v in runs.values():
             v.clear()
         order = list(sides)
@@ -184,6 +214,7 @@ async def run(quick: bool) -> Result:
             f"delta of its count across each run. Server: `{' '.join(server.argv)}` (log in "
             f"{work})."
         )
+        res.body.append(fields)
         res.headlines += [
             ratio_headline("output tok/s harness / vllm bench", tok_r, 0.95, 1.05, "within 5%"),
             ratio_headline("median TTFT harness / vllm bench", ttft_r, 0.90, 1.10, "within 10%"),

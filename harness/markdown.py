@@ -225,8 +225,8 @@ def token_id_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     out = []
     for r in rows:
         s = r.get("sanity") or {}
-        if s.get("outputs") and s.get("with_token_ids") == 0:
-            src = ", ".join(s.get("tokens_from") or ()) or "chunk counts"
+        if s.get("tokens_from") and s.get("with_token_ids") == 0:  # HTTP records say "from"
+            src = ", ".join(s["tokens_from"])
             out.append(
                 f"\n- {r['name']}: no token ids (output tokens from {src}): the lossless and "
                 "repetition checks are n/a"

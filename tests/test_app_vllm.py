@@ -134,6 +134,10 @@ def test_managed_vllm_server_spec_end_to_end(tmp_path, embedded_pair):
     spec = next(r for r in res["runs"] if r["label"] == "ngram")
     assert spec["spec_metrics"]["num_drafts"] > 0  # scraped from the server's /metrics
     assert all(r["ok"] for r in spec["records"])
+    # a speculative variant: token ids asked (--token-ids auto), so counts and lossless are exact
+    assert {r["engine_info"]["token_ids_asked"] for r in res["runs"]} == {True}
+    assert all(len(r["output_token_ids"]) == r["output_tokens"] for r in spec["records"])
+    assert [c["status"] for c in res["lossless"]] == ["checked"]
     assert (out / "vllm-server-ngram.log").stat().st_size > 0
     # both servers alive at once, runs interleaved, each server's prefix cache reset per run
     assert res["design"]["name"] == "interleaved"

@@ -81,3 +81,72 @@ def test_why_attributes_measured_parts_only() -> None:
 
 def test_why_is_empty_when_every_target_is_met() -> None:
     assert why([_fact("hf latency", 0.99), _fact("vllm throughput", 1.01)]) == []
+
+
+def test_costly_differences_skip_defaults_and_a_greedy_seed() -> None:
+    from bench.recorder import costly_differences
+
+    vb = {"model": "m", "prompt": "a", "max_tokens": 4, "temperature": 0.0, "logprobs": None,
+          "repetition_penalty": 1.0, "ignore_eos": True}  # fmt: skip
+    ours = {"model": "m", "prompt": "b", "max_tokens": 4, "temperature": 0.0, "top_p": 1.0,
+            "seed": 0, "ignore_eos": True}  # fmt: skip
+    assert costly_differences(ours, vb) == []
+    assert costly_differences(ours | {"min_tokens": 4, "return_token_ids": True}, vb) == [
+        "min_tokens",
+        "return_token_ids",
+    ]
+    sampled = {"temperature": 0.7}  # a seed then gives the request its own generator
+    assert costly_differences(ours | sampled, vb | sampled) == ["seed"]
+    assert costly_differences(ours | {"top_p": 0.9}, vb) == ["top_p"]
+
+
+@pytest.mark.slow
+def test_fidelity_clients_ask_a_vllm_server_for_the_same_work(tmp_path, tiny_pair) -> None:
+    """bench.fidelity's two clients with its own argv, through its recorder, against the fake
+    vLLM server: the harness (one variant: no token ids) and ``vllm bench serve`` send bodies
+    that differ in no field that costs the server; the recorder forwards them unchanged."""
+    import asyncio
+    import json
+
+    from bench.fidelity import _harness, _harness_argv, _vbench_argv, fields_line
+    from bench.recorder import Recorder, generation_bodies
+    from bench.vbench import VBench
+    from tests.fake_server import Behaviour, FakeServer
+
+    model, n, tokens = tiny_pair[0], 2, 4
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"prompt number {i}"}) + "\n" for i in range(n)))
+    vb = VBench(tmp_path / "vbench.log")
+
+    async def main() -> dict[str, list[dict]]:
+        server = FakeServer(Behaviour(tokens=tokens, ids_if_asked=True), model=model)
+        bodies = {}
+        async with server as url:
+            root = url.removesuffix("/v1")
+            for side in ("harness", "vbench"):
+                rec = Recorder(root)
+                async with rec as proxy:
+                    if side == "harness":
+                        out = tmp_path / "h"
+                        argv = _harness_argv(proxy + "/v1", model, data, tokens, 2, out)
+                        assert (await asyncio.to_thread(_harness, argv, out))[
+                            "tokens"
+                        ] == n * tokens
+                    else:
+                        argv = _vbench_argv(proxy, model, data, tokens, 2, n, tmp_path)
+                        assert (await asyncio.to_thread(vb.run, argv))["failed"] == 0
+                bodies[side] = rec.bodies
+        assert [r.body for r in server.requests] == generation_bodies(
+            bodies["harness"] + bodies["vbench"]
+        )
+        return bodies
+
+    vb.start()
+    try:
+        bodies = asyncio.run(main())
+    finally:
+        vb.close()
+    line, costly = fields_line(bodies)
+    print(line)
+    assert costly == [], line
+    assert "return_token_ids" not in generation_bodies(bodies["harness"])[0]

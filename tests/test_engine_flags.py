@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from engines.base import REGISTRY, EngineConfig
+from engines.base import REGISTRY, EngineConfig, engine_class
 from harness.flags import build_parser
 from harness.plan_flags import build_plan
 from harness.preflight import engine_methods, variant_servers
@@ -89,3 +89,10 @@ def test_token_ids_are_asked_for_when_the_run_needs_them(
     given = flags[flags.index("--token-ids") + 1] if "--token-ids" in flags else "auto"
     assert plan.token_ids == given == plan.to_json()["token_ids"]
     assert "token_ids" not in plan.options.get("hf", {})
+    if "vllm-server" in plan.options:  # a managed server hands it to its inner openai client
+        cls = engine_class("vllm-server")
+        (_, config), *_ = [
+            (lb, c) for lb, c in plan.engine_configs({}) if c.engine == "vllm-server"
+        ]
+        cls.validate(config)
+        assert cls._inner_config(config, "http://h:1/v1").options["token_ids"] is asked

@@ -124,8 +124,12 @@ def test_harness_cli_drives_a_running_server_in_both_modes(servers, tmp_path) ->
     assert {r["mode"] for r in res["runs"]} == {"latency", "throughput"}
     for run in res["runs"]:
         assert run["status"] == "ok" and run["summary"]["completed"] == 4
+        # one variant, nothing compared: no token ids asked (--token-ids auto); counts from usage
+        assert run["engine_info"]["token_ids_asked"] is False
         for rec in run["records"]:
-            assert rec["ok"] and rec["output_tokens"] == 16 == len(rec["output_token_ids"])
+            assert rec["ok"] and rec["output_tokens"] == 16 and rec["output_token_ids"] is None
+            assert rec["info"]["output_tokens_from"] == "server usage"
+            assert sum(rec["chunk_tokens"]) == 16  # no speculation: one event per token
             assert rec["info"]["replica"] == servers["base"].base_url
     thr = next(r for r in res["runs"] if r["mode"] == "throughput")
     assert thr["summary"]["peak_in_flight"] >= 2
