@@ -1,13 +1,12 @@
 """An existing OpenAI-compatible server (vLLM, SGLang, TGI, transformers serve, ...) over
 aiohttp, streamed with SSE.
 
-Requests are spread round-robin over ``base_urls``. vLLM servers get ``ignore_eos`` and, when
-option ``token_ids`` is set (default), per-chunk token ids (``return_token_ids``: exact counts of
-multi-token events, the outputs the harness compares); nothing else: every extra field is work
-the server does for the client (``min_tokens`` added vLLM's min-tokens logits processor to every
-step, although ``ignore_eos`` alone already generates ``max_tokens``). Other servers get plain
-OpenAI requests (transformers serve answers 422 to unknown fields) and every SSE event with new
-text counts as one token. The total is the server's usage, else the token ids, else the local
+Requests are spread round-robin over ``base_urls``. vLLM servers get ``ignore_eos`` and, with
+option ``token_ids`` (default), per-chunk token ids (``return_token_ids``: exact counts of
+multi-token events, outputs to compare); no more: an extra field is work the server does for the
+client (``min_tokens`` ran vLLM's min-tokens logits processor every step; ``ignore_eos`` alone
+reaches ``max_tokens``). Without ids a vLLM event counts one token, as in vllm bench. Other
+servers get plain OpenAI requests (transformers serve answers 422 to unknown fields). The total is the server's usage, else the token ids, else the local
 tokenizer's count of the text; each record says which, and how its stream ended (see
 :mod:`engines.sse`). Speculative counters and load gauges come from ``/metrics`` (see
 :mod:`engines.prom`). No torch, transformers or vllm import: an HTTP run stays light.
@@ -209,6 +208,7 @@ class OpenAIEngine(OpenAIFlags, Engine):
         first = True
         end = StreamEnd()
         ids_known, usage_out, text = True, False, []
+        steps = bool(self.vllm_extras and not self.token_ids)  # one event per step, no ids
         timeout = aiohttp.ClientTimeout(total=self.request_timeout)
         try:
             async with self._session.post(
@@ -225,7 +225,7 @@ class OpenAIEngine(OpenAIFlags, Engine):
                         obj = json.loads(data)
                     except ValueError as e:
                         raise RequestFailed("bad sse", f"{e}: {_one_line(data, 80)}") from None
-                    chunks = parse_event(obj, chat, t)
+                    chunks = parse_event(obj, chat, t, steps)
                     end.see(chunks)
                     for chunk in chunks:
                         if chunk.size:

@@ -90,9 +90,13 @@ def _choice_text(choice: Mapping[str, Any], chat: bool) -> str:
     return text
 
 
-def parse_event(obj: Any, chat: bool, t: float | None = None) -> list[Chunk]:
+def parse_event(obj: Any, chat: bool, t: float | None = None, steps: bool = False) -> list[Chunk]:
     """The chunks one decoded SSE event carries (choice 0 only; usage as a zero-token chunk),
-    stamped ``t`` (when the event was read)."""
+    stamped ``t`` (when the event was read). Without token ids an event counts one token when it
+    has text; with ``steps`` (a vLLM server: an event per engine step, or several steps merged
+    when its API process read them late; ``vllm bench serve`` counts each event as one) also
+    when its text is empty (a special token, bytes of a split character), a chat role-only
+    delta aside."""
     if not isinstance(obj, dict):
         raise RequestFailed("bad sse", f"event is not a JSON object: {str(obj)[:80]}")
     if obj.get("error"):
@@ -106,7 +110,7 @@ def parse_event(obj: Any, chat: bool, t: float | None = None) -> list[Chunk]:
         text = _choice_text(choice, chat)
         raw = choice.get("token_ids")
         ids = tuple(map(int, raw)) if isinstance(raw, list) else None
-        n = len(ids) if ids is not None else (1 if text else 0)
+        n = len(ids) if ids is not None else (1 if text or (steps and _step(choice)) else 0)
         finish = choice.get("finish_reason")
         if n or finish:
             out.append(Chunk(ids or (), n, text=text, finish_reason=finish, t=t))
@@ -123,6 +127,11 @@ def parse_event(obj: Any, chat: bool, t: float | None = None) -> list[Chunk]:
             )
         )
     return out
+
+
+def _step(choice: Mapping[str, Any]) -> bool:
+    """A vLLM event that carried a step's tokens: not chat's first, role-only delta."""
+    return "role" not in (choice.get("delta") or {})
 
 
 DONE = "[DONE]"

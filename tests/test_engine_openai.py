@@ -522,3 +522,21 @@ def test_http_modules_do_not_import_torch_or_vllm() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_without_ids_a_vllm_event_is_one_step_even_with_empty_text() -> None:
+    """vLLM sends an event per engine step, its text empty for a special token or part of a
+    character; without ids each is a token (as ``vllm bench serve`` counts), chat's role-only
+    first delta aside. Other servers: only events with text count (an empty preamble is not)."""
+    from engines.sse import parse_event
+
+    def sizes(events: list[dict[str, Any]], chat: bool, steps: bool) -> list[int]:
+        return [c.size for e in events for c in parse_event(e, chat, 0.0, steps) if c.size]
+
+    text = [{"choices": [{"index": 0, "text": t, "finish_reason": None}]} for t in ("a", "", "b")]
+    chat = [{"choices": [{"index": 0, "delta": d}]} for d in
+            ({"role": "assistant", "content": ""}, {"content": "a"}, {"content": ""})]  # fmt: skip
+    assert sizes(text, chat=False, steps=True) == [1, 1, 1]
+    assert sizes(chat, chat=True, steps=True) == [1, 1]
+    assert sizes(text, chat=False, steps=False) == [1, 1]
+    assert sizes(chat, chat=True, steps=False) == [1]

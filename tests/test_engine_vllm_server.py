@@ -129,7 +129,10 @@ def test_harness_cli_drives_a_running_server_in_both_modes(servers, tmp_path) ->
         for rec in run["records"]:
             assert rec["ok"] and rec["output_tokens"] == 16 and rec["output_token_ids"] is None
             assert rec["info"]["output_tokens_from"] == "server usage"
-            assert sum(rec["chunk_tokens"]) == 16  # no speculation: one event per token
+            # an event per step, but vLLM merges a request's steps into one event when its API
+            # process reads them late (RequestOutputCollector): without ids, as for vllm bench,
+            # such an event counts one; the total (and TPOT) come from usage
+            assert 0 < sum(rec["chunk_tokens"]) <= 16 and len(rec["itl_s"]) >= 1
             assert rec["info"]["replica"] == servers["base"].base_url
     thr = next(r for r in res["runs"] if r["mode"] == "throughput")
     assert thr["summary"]["peak_in_flight"] >= 2
