@@ -49,6 +49,7 @@ class Behaviour:
     first_delay: float | None = None
     token_ids: bool = True  # include choices[0].token_ids (vLLM's return_token_ids)
     ids_if_asked: bool = False  # as vLLM: token ids only when the body has return_token_ids
+    blank: tuple[int, ...] = ()  # tokens whose text is empty (a special token, part of a char)
     usage: bool = True
     big_line: int = 0  # > 0: the first event's text is this many bytes (one huge SSE line)
     multiline: bool = False  # split each event's JSON over two ``data:`` lines
@@ -256,7 +257,7 @@ class FakeServer:
             await asyncio.sleep(b.first_delay if first and b.first_delay is not None else b.delay)
             n = min(b.per_chunk, b.tokens - sent)
             ks = range(sent, sent + n)
-            text = "".join(f"t{k} " for k in ks)
+            text = "".join(f"t{k} " for k in ks if k not in b.blank)
             if first and b.big_line:
                 text = "x" * b.big_line
             last = sent + n == b.tokens
