@@ -11,14 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engines.base import (
-    Engine,
-    EngineConfig,
-    EngineError,
-    GenParams,
-    Request,
-    UnsupportedError,
-)
+from engines.base import Engine, EngineConfig, EngineError, GenParams, Request, UnsupportedError
 from engines.heap import rss_mb, trim_heap
 from harness.analysis import precise_enough
 from harness.design import (
