@@ -32,9 +32,10 @@ def client_options(flags: RunFlags) -> dict[str, Any]:
     """What every HTTP client takes: the request timeout, the most in flight, the endpoint,
     whether to ask for token ids."""
     out = {"request_timeout": flags["request_timeout"], "max_concurrency": flags["max_concurrency"]}
-    for key in ("endpoint", "token_ids"):
-        if flags.get(key) is not None:
-            out[key] = flags[key]
+    if flags.get("endpoint") is not None:
+        out["endpoint"] = flags["endpoint"]
+    if "token_ids" in flags:  # None: the client decides once it sees the server
+        out["token_ids"] = flags["token_ids"]
     return out
 
 

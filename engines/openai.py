@@ -93,7 +93,9 @@ class OpenAIEngine(OpenAIFlags, Engine):
         self.max_concurrency: int | None = opts.get("max_concurrency")
         self.served_model: str | None = opts.get("served_model")
         self.vllm_extras: bool | None = opts.get("vllm_extras")
-        self.token_ids: bool = opts.get("token_ids", True)  # ask a vLLM server for token ids
+        # ask a vLLM server for token ids; None: only if it speculates (decided in start())
+        self.token_ids: bool | None = opts.get("token_ids", True)
+        self._token_ids_auto = self.token_ids is None
         self.extra_body: dict[str, Any] = dict(opts.get("extra_body") or {})
         self.server_version: str | None = None
         self._api_key = read_api_key(opts)
@@ -126,6 +128,8 @@ class OpenAIEngine(OpenAIFlags, Engine):
         self.server_version = await self._version(self.base_urls[0])
         if self.vllm_extras is None:
             self.vllm_extras = self.server_version is not None or self._owned_by_vllm
+        if self.token_ids is None:  # a speculating server sends several tokens per event
+            self.token_ids = bool(self.vllm_extras) and await self.refresh_metrics() is not None
         name = self.config.tokenizer or self.config.model
         self._tokenizer = _load_tokenizer(name)
         self._tokenizer_path = name if self._tokenizer is not None else None
@@ -187,6 +191,9 @@ class OpenAIEngine(OpenAIFlags, Engine):
             "server_version": self.server_version,
             "vllm_extras": self.vllm_extras,
             "token_ids_asked": bool(self.vllm_extras and self.token_ids),
+            "token_ids_decided": "by the server's spec counters"
+            if self._token_ids_auto
+            else "flag",
             "request_timeout_s": self.request_timeout,
             "max_concurrency": self.max_concurrency,
             "api_key_env": self.config.options.get("api_key_env", "OPENAI_API_KEY"),

@@ -24,8 +24,15 @@ def _speed_of_light(plan: RunPlan, runs: list[Run]) -> dict[str, Any] | None:
     infos = [r.engine_info for r in runs if r.engine_info]
     dtype = next((str(i.get("dtype", "")) for i in infos), "")
     device = weights_device(infos)
-    bandwidth = measure_bandwidth(mib=256, reps=5, device=device)["best"]
-    memory = device if device.startswith("cuda") else "host"
+    memory = (
+        "host (assumed: no engine said where its weights are)"
+        if device is None
+        else (device if device.startswith("cuda") else "host")
+    )
+    try:  # a full or broken GPU (or a journal's device this machine lacks) loses no results
+        bandwidth = measure_bandwidth(mib=256, reps=5, device=device or "cpu")["best"]
+    except Exception:  # noqa: BLE001 - the bound is a side figure: none rather than no file
+        return None
     return bound_for(plan.model, dtype.removeprefix("torch."), bandwidth, memory)
 
 

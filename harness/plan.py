@@ -205,7 +205,7 @@ NOT_MEASURED = frozenset(
     {
         "repeats", "target_ci", "max_repeats", "min_effect", "goodput", "max_error_rate",
         "metric_percentiles", "percentile_metrics", "metadata", "plots", "progress",
-        "save_vllm_json", "result_filename", "resume",
+        "save_vllm_json", "result_filename", "resume", "token_ids",
     }
 )  # fmt: skip
 # Engine options that only decide how long to wait for a server or where its key is.

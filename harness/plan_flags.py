@@ -171,9 +171,13 @@ def engine_options(
     return {e: o for e, o in options.items() if o}
 
 
-def _token_ids(flag: str, needed: bool) -> bool:
+def _token_ids(flag: str, needed: bool) -> bool | None:
+    """on/off as forced; auto: True when the run compares outputs, else None: the engine asks
+    for ids only if its server speculates (several tokens per event: engines/openai.py)."""
     forced = TOKEN_IDS[flag]
-    return needed if forced is None else forced
+    if forced is not None:
+        return forced
+    return True if needed else None
 
 
 def spec_config_arg(value: str | None) -> dict[str, Any] | None:

@@ -59,15 +59,15 @@ def _cuda_bandwidth(mib: int, reps: int, device: str) -> dict[str, float]:
     return {"best": max(rates), "median": statistics.median(rates), "bytes": nbytes}
 
 
-def weights_device(engine_infos: Iterable[Mapping[str, Any]]) -> str:
+def weights_device(engine_infos: Iterable[Mapping[str, Any]]) -> str | None:
     """Where an in-process engine keeps the weights: its ``device`` (HF) or ``platform`` (vLLM),
-    ``cuda...`` or ``cpu``; ``cpu`` when no engine says (a server's weights are not ours to see).
+    ``cuda...`` or ``cpu``; None when no engine says (a server's weights are not ours to see).
     """
     for info in engine_infos:
         where = str(info.get("device") or info.get("platform") or "")
         if where:
             return where if where.startswith("cuda") else "cpu"
-    return "cpu"
+    return None
 
 
 def count_params(model_dir: str | Path) -> int | None:

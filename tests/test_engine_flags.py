@@ -68,18 +68,18 @@ TWO_URLS = ("--base-url", "baseline=http://h:1/v1", "ngram=http://h:2/v1")
 @pytest.mark.parametrize(
     ("flags", "asked"),
     [
-        (("--engine", "openai", *URL), False),  # one variant: nothing to compare, one token/event
+        (("--engine", "openai", *URL), None),  # one variant: ids only if the server speculates
         (("--engine", "openai", *URL, "--token-ids", "on"), True),
         (("--engine", "openai", "--spec", "ngram", *TWO_URLS), True),  # several tokens per event
         (("--engine", "openai", "--spec", "ngram", *TWO_URLS, "--token-ids", "off"), False),
         (("--engine", "openai", "--aa", *URL), True),  # two variants' outputs compared
         (("--engine", "openai,vllm-server", *URL), True),  # engine vs engine
-        (("--engine", "vllm-server"), False),
+        (("--engine", "vllm-server"), None),
         (("--engine", "vllm-server", "--spec", "ngram"), True),
     ],
 )
 def test_token_ids_are_asked_for_when_the_run_needs_them(
-    flags: tuple[str, ...], asked: bool
+    flags: tuple[str, ...], asked: bool | None
 ) -> None:
     """--token-ids auto: ids when the run compares outputs or has a speculative variant; on/off
     force it. The plan records the flag, each HTTP engine's options what it resolved to."""

@@ -209,11 +209,12 @@ def test_server_metrics_read_at_run_edges_unless_sampling_is_asked(tmp_path, cap
         (run,) = json.loads((out / "results.json").read_text())["runs"]
         load = run["extra"]["server_load"]
         assert load["sample_interval_s"] == interval
+        # + 1 at start: --token-ids auto with one variant asks whether the server speculates
         if interval is None:
-            assert len(scrapes) == 2 and load["samples"] == 0
+            assert len(scrapes) == 3 and load["samples"] == 0
         else:  # a run of ~0.8 s sampled every 0.05 s
             assert load["samples"] >= 3  # a scrape cut by the run's end is not a sample:
-            assert len(scrapes) - 2 - load["samples"] in (0, 1)
+            assert len(scrapes) - 3 - load["samples"] in (0, 1)
             assert load["server_num_requests_running_peak"] == 2
 
 
@@ -239,7 +240,7 @@ def test_token_ids_asked_only_when_the_run_compares_outputs(tmp_path, capsys):
     res, out, bodies = runs["one"]
     assert (
         res["config"]["token_ids"] == "auto"
-        and res["config"]["options"]["openai"]["token_ids"] is False
+        and res["config"]["options"]["openai"]["token_ids"] is None  # decided at start
     )
     assert all("return_token_ids" not in r.body and "min_tokens" not in r.body for r in bodies)
     assert all(r.body["ignore_eos"] is True for r in bodies)
@@ -261,3 +262,20 @@ def test_token_ids_asked_only_when_the_run_compares_outputs(tmp_path, capsys):
     assert not any("return_token_ids" in r.body for r in bodies)
     assert [c["status"] for c in res["lossless"]] == ["n/a (no token ids)"]
     assert "| n/a (no token ids)" in (out / "summary.md").read_text()
+
+
+def test_one_variant_on_a_speculating_server_asks_for_token_ids(tmp_path, capsys):
+    """--token-ids auto with one variant: a server whose /metrics has speculative counters
+    streams several tokens per event, so the client asks for ids and counts each event's."""
+    from tests.fake_server import render_metrics
+
+    page = render_metrics(num_drafts=3, num_draft_tokens=9, num_accepted_tokens=6)
+    server = FakeServer(Behaviour(tokens=6, ids_if_asked=True), metrics=page)
+    with ServerThread(server) as url:
+        code, out = run_harness(tmp_path, url, 2, "--ignore-eos")
+    assert code == 0, capsys.readouterr().err
+    (run,) = json.loads((out / "results.json").read_text())["runs"]
+    assert run["engine_info"]["token_ids_asked"] is True
+    assert run["engine_info"]["token_ids_decided"] == "by the server's spec counters"
+    assert all(r.body["return_token_ids"] is True for r in server.requests)
+    assert all(r["output_token_ids"] is not None for r in run["records"] if r["ok"])

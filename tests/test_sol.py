@@ -20,6 +20,32 @@ def test_bound(embedded_pair, tmp_path):
         speed_of_light(0, 4, 1e9)
 
 
+def test_a_failed_device_measurement_gives_no_bound_not_a_lost_file(monkeypatch, embedded_pair):
+    """finalize measures the bound before results.json is written: a full or broken GPU (or a
+    journaled CUDA run resumed on a machine without one) must cost the bound, not the file."""
+    from types import SimpleNamespace
+
+    import harness.sol
+    from harness.finalize import _speed_of_light
+    from harness.results import Cell, Run
+
+    def broken(mib: int = 0, reps: int = 0, device: str = "cpu") -> dict[str, float]:
+        if device.startswith("cuda"):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return {"best": 1e10, "median": 1e10, "bytes": 1.0}
+
+    monkeypatch.setattr(harness.sol, "measure_bandwidth", broken)
+    cell = Cell("hf", "baseline", "latency", {"concurrency": 1}, 8, 0, "w")
+    plan = SimpleNamespace(model=embedded_pair[0])
+
+    def bound(info: dict) -> dict | None:
+        return _speed_of_light(plan, [Run(cell, None, (), engine_info=info)])  # type: ignore[arg-type]
+
+    assert bound({"device": "cuda:0", "dtype": "float16"}) is None
+    assert bound({"device": "cpu", "dtype": "float32"})["memory"] == "host"
+    assert bound({"dtype": "float32"})["memory"].startswith("host (assumed")
+
+
 def test_the_bound_reads_bandwidth_where_the_weights_are() -> None:
     """An HF model on CUDA was held to host bandwidth (23 GB/s on an H200 machine: "290% of the
     bound"): the device comes from the engines' own descriptions."""
@@ -27,4 +53,4 @@ def test_the_bound_reads_bandwidth_where_the_weights_are() -> None:
     assert weights_device([{}, {"platform": "cuda"}]) == "cuda"
     assert weights_device([{"device": "cpu"}]) == "cpu"
     assert weights_device([{"platform": "cpu"}]) == "cpu"
-    assert weights_device([{"base_url": "http://x/v1"}]) == "cpu"
+    assert weights_device([{"base_url": "http://x/v1"}]) is None  # a server: not ours to see
