@@ -316,7 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auto", "on", "off"],
         help="ask a vLLM server for each chunk's token ids (return_token_ids): auto (default) = "
         "when the run compares outputs (several variants or engines) or has a speculative "
-        "variant (several tokens per event); off: counts from the server's usage, no lossless "
+        "variant or the server speculates (its /metrics; several tokens per event); off: "
+        "counts from the server's usage, no lossless "
         "check, no repetition check",
     )
     h.add_argument(
