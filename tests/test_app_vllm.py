@@ -18,11 +18,12 @@ TINY = ("--model", "tiny", "--workload", "tiny")  # the test pair: seconds, not 
 
 
 def harness(*args: str) -> subprocess.CompletedProcess:
-    """``python -m harness ARGS --quiet`` on the tiny pair unless ARGS name a model."""
+    """``python -m harness ARGS --quiet --no-plots`` on the tiny pair unless ARGS name a model
+    (the plots are drawn and checked in tests/test_app_hf.py; here they cost ~3 s a run)."""
     if "--model" not in args:
         args = (*TINY, *args)
     return subprocess.run(
-        [sys.executable, "-m", "harness", *args, "--quiet"],
+        [sys.executable, "-m", "harness", *args, "--quiet", "--no-plots"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -27,7 +27,7 @@ def test_emitted_schedule_runs_in_vllm_through_spec_config_file(tmp_path, embedd
         [sys.executable, "-m", "harness", "--model", "tiny", "--workload", "tiny",
          "--engine", "vllm", "--spec-config", f"@{path}",
          "--no-baseline", "--mode", "both", "--concurrency", "4", "--num-prompts", "4",
-         "--max-new-tokens", "32", "--repeats", "1", "--warmup", "0", "--quiet",
+         "--max-new-tokens", "32", "--repeats", "1", "--warmup", "0", "--quiet", "--no-plots",
          "--output-dir", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
