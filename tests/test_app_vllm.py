@@ -3,35 +3,34 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
+from collections.abc import Callable
 
 import psutil
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.inprocess import Ran, run_harness
+
 pytestmark = pytest.mark.slow
 
 
 TINY = ("--model", "tiny", "--workload", "tiny")  # the test pair: seconds, not minutes
 
 
-def harness(*args: str) -> subprocess.CompletedProcess:
-    """``python -m harness ARGS --quiet --no-plots`` on the tiny pair unless ARGS name a model
-    (the plots are drawn and checked in tests/test_app_hf.py; here they cost ~3 s a run)."""
-    if "--model" not in args:
-        args = (*TINY, *args)
-    return subprocess.run(
-        [sys.executable, "-m", "harness", *args, "--quiet", "--no-plots"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+@pytest.fixture
+def harness(capsys: pytest.CaptureFixture[str]) -> Callable[..., Ran]:
+    """``python -m harness ARGS --quiet --no-plots`` on the tiny pair unless ARGS name a model, in
+    this process (tests/inprocess.py). The plots are drawn and checked in tests/test_app_hf.py;
+    here they cost ~3 s a run."""
+
+    def run(*args: str) -> Ran:
+        if "--model" not in args:
+            args = (*TINY, *args)
+        return run_harness([*args, "--quiet", "--no-plots"], capsys)
+
+    return run
 
 
-def test_vllm_spec_both_modes(tmp_path, embedded_pair):
+def test_vllm_spec_both_modes(tmp_path, embedded_pair, harness):
     out = tmp_path / "vllm"
     proc = harness(
         "--engine",
@@ -80,7 +79,7 @@ def test_vllm_spec_both_modes(tmp_path, embedded_pair):
     assert "vllm/ngram" in summary and "alpha" in summary and "## throughput" in summary
 
 
-def test_unknown_spec_method_and_spec_config(tmp_path, embedded_pair):
+def test_unknown_spec_method_and_spec_config(tmp_path, embedded_pair, harness):
     bad = harness("--engine", "vllm", "--spec", "nope", "--output-dir", str(tmp_path / "x"))
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "nope" in bad.stderr
     out = tmp_path / "cfg"
@@ -110,7 +109,7 @@ def test_unknown_spec_method_and_spec_config(tmp_path, embedded_pair):
     assert run["spec_metrics"]["num_drafts"] > 0
 
 
-def test_managed_vllm_server_spec_end_to_end(tmp_path, embedded_pair):
+def test_managed_vllm_server_spec_end_to_end(tmp_path, embedded_pair, harness):
     out = tmp_path / "srv"
     proc = harness(
         "--engine",

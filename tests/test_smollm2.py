@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from harness import models, models_smollm
+from tests.inprocess import run_harness
 
-ROOT = Path(__file__).resolve().parents[1]
 # Offline first-position agreement of the shipped speculators on the default workload's 4
 # held-out prompts x 48 tokens (14:18 UTC: head 0.29, off-by-one 0.16, layers permuted 0.10,
 # draft 0.26; the barely trained speculators shipped before: ~0.07 on 8 held-out x 64).
@@ -155,19 +153,19 @@ def test_hf_assisted_generation_with_the_draft_is_lossless(smollm2: dict[str, st
 
 
 @pytest.mark.slow
-def test_each_speculator_runs_in_vllm_with_acceptance(tmp_path: Path, smollm2) -> None:
+def test_each_speculator_runs_in_vllm_with_acceptance(tmp_path: Path, smollm2, capsys) -> None:
     """`--spec` alone on the default family: draft_model, eagle3 and ngram, each accepting
     tokens (a wrong draft, head layout, d2t or hidden-state layer accepts ~nothing). Two short
     prompts x 16 tokens: each speculator accepts 12-18 tokens there (21:49 UTC); the 611-token
     prompt of 4 x 32 added ~35 s of decoding and nothing this asserts."""
     out = tmp_path / "spec"
-    proc = subprocess.run(
+    proc = run_harness(
         [
-            sys.executable, "-m", "harness", "--engine", "vllm", "--spec", "--no-baseline",
+            "--engine", "vllm", "--spec", "--no-baseline",
             "--mode", "latency", "--num-prompts", "2", "--max-new-tokens", "16",
             "--repeats", "1", "--warmup", "0", "--output-dir", str(out), "--quiet", "--no-plots",
         ],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
+        capsys,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = {r["label"]: r for r in json.loads((out / "results.json").read_text())["runs"]}

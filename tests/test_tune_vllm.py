@@ -3,33 +3,30 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from engines.base import DEFAULT_NGRAM
 from harness.schedule import Pick, build_config
+from tests.inprocess import run_harness
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def test_emitted_schedule_runs_in_vllm_through_spec_config_file(tmp_path, embedded_pair):
+def test_emitted_schedule_runs_in_vllm_through_spec_config_file(tmp_path, embedded_pair, capsys):
     picks = [Pick(1, "ngram", 3, 1.5, {"ngram": (3, 1.5)}), Pick(2, None, 0, 1.0, {})]
     cfg, schedule, _ = build_config(picks, {"ngram": {"method": "ngram", **DEFAULT_NGRAM}})
     assert schedule == ((1, 1, 3), (2, 2, 0))  # batch 1 drafts 3, batch 2 and up: off
     path = tmp_path / "speculative_config.json"
     path.write_text(json.dumps(cfg))
     out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness", "--model", "tiny", "--workload", "tiny",
+    proc = run_harness(
+        ["--model", "tiny", "--workload", "tiny",
          "--engine", "vllm", "--spec-config", f"@{path}",
          "--no-baseline", "--mode", "both", "--concurrency", "4", "--num-prompts", "4",
          "--max-new-tokens", "32", "--repeats", "1", "--warmup", "0", "--quiet", "--no-plots",
          "--output-dir", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
+        capsys,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = {r["mode"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
@@ -46,17 +43,17 @@ def test_emitted_schedule_runs_in_vllm_through_spec_config_file(tmp_path, embedd
     assert tput["summary"]["peak_in_flight"] >= 2
 
 
-def test_tune_end_to_end_writes_config_table_and_verification(tmp_path, embedded_pair):
+def test_tune_end_to_end_writes_config_table_and_verification(tmp_path, embedded_pair, capsys):
     from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
 
     out = tmp_path / "tune"
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness", "tune", "--model", "tiny", "--workload", "tiny",
+    proc = run_harness(
+        ["tune", "--model", "tiny", "--workload", "tiny",
          "--engine", "vllm", "--spec", "ngram",
          "--tune-k", "1", "3", "--concurrency", "1", "4", "--num-prompts", "4",
          "--max-new-tokens", "24", "--max-rounds", "3", "--verify-rounds", "3", "--warmup", "1",
          "--quiet", "--output-dir", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=1200,
+        capsys,
     )  # fmt: skip
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     first = proc.stdout.splitlines()[0]
