@@ -123,3 +123,30 @@ def test_prefix_cache_counters_see_hits_until_reset(embedded_pair: tuple[str, st
 
     first, repeat, after_reset = asyncio.run(go())
     assert first["hits"] == 0 and repeat["hits"] >= 128 and after_reset["hits"] == 0
+
+
+def test_a_closed_engine_leaves_no_tokenizer_behind(embedded_pair: tuple[str, str]) -> None:
+    """vLLM's renderer pool deep-copies the tokenizer and those copies outlive the engine (two
+    per engine, engines/vllm_setup.py: tokenizer_unpooled): built and closed three times, the
+    process holds no more tokenizers after the third engine than after the second."""
+    import gc
+
+    from engines.vllm import VLLMEngine
+
+    def tokenizers_alive() -> int:
+        gc.collect()
+        return sum(type(o).__module__ == "tokenizers" for o in gc.get_objects())
+
+    async def cycle() -> dict[str, Any]:
+        engine = VLLMEngine(EngineConfig(engine="vllm", model=embedded_pair[0]))
+        await engine.start()
+        info = dict(engine.describe())
+        await engine.close()
+        return info
+
+    alive = []
+    for _ in range(3):
+        info = asyncio.run(cycle())
+        alive.append(tokenizers_alive())
+    assert alive[2] == alive[1], alive
+    assert any("maybe_make_thread_pool" in w for w in info["workarounds"])
