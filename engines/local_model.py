@@ -5,6 +5,7 @@ same prompt and reject the same missing path (and the CLI agrees with both)."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from workloads.base import Request
@@ -51,3 +52,16 @@ def prompt_ids(tokenizer: Any, request: Request) -> tuple[list[int], bool]:
         joined = "\n".join(str(m.get("content", "")) for m in messages)
         return list(tokenizer.encode(joined)), False
     return list(tokenizer.encode(request.prompt or "")), False
+
+
+def counting_tokenizer(name: str | None) -> Any:
+    """A local ``tokenizer.json`` through the light ``tokenizers`` library, else None. Used only
+    to count output tokens when a server sends neither usage nor token ids."""
+    path = Path(name or "") / "tokenizer.json"
+    if not name or not path.is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        return None
+    return Tokenizer.from_file(str(path))

@@ -20,7 +20,6 @@ import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, ClassVar
 
 import aiohttp
@@ -38,6 +37,7 @@ from engines.base import (
     SpecCounters,
 )
 from engines.http_flags import OpenAIFlags
+from engines.local_model import counting_tokenizer
 from engines.openai_options import (
     ENDPOINTS,
     OPTIONS,
@@ -53,19 +53,6 @@ START_TIMEOUT = 30.0
 KEEPALIVE_S = 4.0  # below uvicorn's 5 s, so a pooled connection is never one the server closed
 
 log = logging.getLogger(__name__)
-
-
-def _load_tokenizer(name: str | None) -> Any:
-    """A local ``tokenizer.json`` through the light ``tokenizers`` library, else None. Used only
-    to count output tokens when a server sends neither usage nor token ids."""
-    path = Path(name or "") / "tokenizer.json"
-    if not name or not path.is_file():
-        return None
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        return None
-    return Tokenizer.from_file(str(path))
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -95,7 +82,7 @@ class OpenAIEngine(OpenAIFlags, Engine):
         self.vllm_extras: bool | None = opts.get("vllm_extras")
         # ask a vLLM server for token ids; None: only if it speculates (decided in start())
         self.token_ids: bool | None = opts.get("token_ids", True)
-        self._token_ids_auto = self.token_ids is None
+        self._ids_how = "by the server's spec counters" if self.token_ids is None else "flag"
         self.extra_body: dict[str, Any] = dict(opts.get("extra_body") or {})
         self.server_version: str | None = None
         self._api_key = read_api_key(opts)
@@ -131,7 +118,7 @@ class OpenAIEngine(OpenAIFlags, Engine):
         if self.token_ids is None:  # a speculating server sends several tokens per event
             self.token_ids = bool(self.vllm_extras) and await self.refresh_metrics() is not None
         name = self.config.tokenizer or self.config.model
-        self._tokenizer = _load_tokenizer(name)
+        self._tokenizer = counting_tokenizer(name)
         self._tokenizer_path = name if self._tokenizer is not None else None
 
     async def _pick_model(self) -> None:
@@ -191,9 +178,7 @@ class OpenAIEngine(OpenAIFlags, Engine):
             "server_version": self.server_version,
             "vllm_extras": self.vllm_extras,
             "token_ids_asked": bool(self.vllm_extras and self.token_ids),
-            "token_ids_decided": "by the server's spec counters"
-            if self._token_ids_auto
-            else "flag",
+            "token_ids_decided": self._ids_how,
             "request_timeout_s": self.request_timeout,
             "max_concurrency": self.max_concurrency,
             "api_key_env": self.config.options.get("api_key_env", "OPENAI_API_KEY"),

@@ -21,7 +21,10 @@ OPTIONS: dict[str, tuple[type, ...]] = {
     "request_timeout": (int, float),
     "max_concurrency": (int, type(None)),
     "vllm_extras": (bool, type(None)),
-    "token_ids": (bool, type(None)),  # ask a vLLM server for each chunk's token ids (return_token_ids)
+    "token_ids": (
+        bool,
+        type(None),
+    ),  # ask a vLLM server for each chunk's token ids (return_token_ids)
     "extra_body": (dict,),
 }
 ENDPOINTS = {"completions": "/completions", "chat": "/chat/completions"}

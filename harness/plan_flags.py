@@ -173,7 +173,7 @@ def engine_options(
 
 def _token_ids(flag: str, needed: bool) -> bool | None:
     """on/off as forced; auto: True when the run compares outputs, else None: the engine asks
-    for ids only if its server speculates (several tokens per event: engines/openai.py)."""
+    for ids only if its server speculates (several tokens per event)."""
     forced = TOKEN_IDS[flag]
     if forced is not None:
         return forced

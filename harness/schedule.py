@@ -79,7 +79,11 @@ def build_config(
     notes: list[str] = []
     method = choose_method(picks)
     if method is None:
-        return None, (), ["speculation pays at none of the loads tuned: run without a speculative_config"]
+        return (
+            None,
+            (),
+            ["speculation pays at none of the loads tuned: run without a speculative_config"],
+        )
     ks: list[tuple[int, int]] = []
     for p in sorted(picks, key=lambda p: p.load):
         if p.method in (method, None):
