@@ -79,3 +79,13 @@ def test_resume_refuses_other_settings_and_continues_with_the_same(
     added = (out / "journal.jsonl").read_text()[len(journal) :]
     assert '"repeat": 0' not in added and '"repeat": 1' in added
     assert '"kind": "config"' not in added  # the recorded config stays the first one
+
+
+def test_the_token_ids_flag_is_not_a_measured_setting() -> None:
+    """--token-ids is what the run asked for; what an HTTP engine resolved it to sits in its
+    options (measured): a journal from before the flag, or of in-process engines, resumes."""
+    old = {"engines": ["hf"], "options": {}}
+    assert config_differences(old, {**old, "token_ids": "auto"}) == []
+    assert config_differences({**old, "token_ids": "auto"}, {**old, "token_ids": "on"}) == []
+    http = {"engines": ["openai"], "options": {"openai": {"token_ids": False}}}
+    assert config_differences(http, {**http, "options": {"openai": {"token_ids": True}}}) != []
