@@ -19,8 +19,9 @@ from engines.base import EngineConfig, EngineError
 # The neutral run-level settings (``None`` when a flag was not given):
 #   base_url: [URL, ...] (normalised to .../v1), variant_urls: {label: [URL, ...]} | None,
 #   request_timeout, max_concurrency, endpoint, api_key_env, api_key_file, served_model,
-#   server_start_timeout, token_ids (bool: the run needs each chunk's token ids: it compares
-#   outputs, or a speculative variant streams several tokens per event)
+#   server_start_timeout, token_ids (True: the run needs each chunk's token ids, it compares
+#   outputs or a speculative variant streams several tokens per event; False: forced off;
+#   None: the client asks only if its server speculates)
 RunFlags = Mapping[str, Any]
 
 CLIENT_FLAGS = frozenset({"request_timeout", "max_concurrency", "endpoint", "token_ids"})
