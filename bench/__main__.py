@@ -33,6 +33,7 @@ BENCHMARKS = {
 }
 HERE = Path(__file__).resolve().parent
 ROUNDS_ENV = "BENCH_ROUNDS"
+SAMPLED_ENV = "BENCH_FIDELITY_SAMPLED"  # read by bench.fidelity
 ENV_PREFIX = "LD_PRELOAD=.venv/lib/libiomp5.so VLLM_ENABLE_V1_MULTIPROCESSING=0 "
 
 
@@ -130,11 +131,18 @@ def main() -> None:
         default=None,
         help="rounds of the interleaved benchmarks that take it (fidelity; default its own)",
     )
+    ap.add_argument(
+        "--sampled",
+        action="store_true",
+        help="fidelity: add a third side, the harness scraping the server's gauges during runs",
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rounds is not None:  # read by the child (every benchmark's run() takes only quick)
         os.environ[ROUNDS_ENV] = str(args.rounds)
+    if args.sampled:
+        os.environ[SAMPLED_ENV] = "1"
     if args.child:
         _child(args.child, args.quick, args.out)
         return

@@ -2,9 +2,14 @@
 through ``engines.vllm_server.VLLMServerEngine``); the harness as a user runs it (``python -m
 harness --engine openai ...``, in this process: Session, Runner, counters read at the run's
 edges) and ``vllm bench serve`` take turns against it with the same prompts, output length,
-``ignore_eos`` and concurrency, in an order rotated every round. A third side is the harness with
+``ignore_eos`` and concurrency, the first of each round alternating (harness, vllm bench, vllm
+bench, harness, ...). With ``python -m bench fidelity --sampled`` a third side, the harness with
 ``--sample-server-load 0.5`` (the gauges scraped during the run, as every run did before it was
-made opt-in): what a client's own scraping costs the server.
+made opt-in), joins every round, the order rotated: what a client's own scraping costs the
+server. It is opt-in because a third side costs a third of the pairs: on the 2-core machine one
+pair's ratio varies ~11% (sd of its log), run-to-run noise of the server itself (the pairs'
+spread does not depend on whether the two runs were adjacent), so only many pairs narrow the CI.
+Every timed run is appended to ``runs.jsonl`` in the work directory as it ends.
 
 Ratios harness / vllm bench of output tok/s and median TTFT (each tool's own figures), and of the
 server's own mean inter-token latency over each run (vLLM's ``inter_token_latency_seconds``
@@ -23,11 +28,22 @@ import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from bench.common import Result, med, prompts, ratio_headline, ratios, spread, table, target_model
+from bench.common import (
+    Result,
+    med,
+    median_ci,
+    prompts,
+    ratio_headline,
+    ratios,
+    spread,
+    table,
+    target_model,
+)
 from bench.recorder import Recorder, costly_differences, generation_bodies
 from bench.vbench import VBench, command
 
 SAMPLED_S = 0.5  # the interval every run used before sampling became opt-in
+SAMPLED_ENV = "BENCH_FIDELITY_SAMPLED"  # python -m bench fidelity --sampled
 
 
 def _harness_argv(url: str, model: str, data: Path, tokens: int, c: int, out: Path) -> list[str]:
@@ -77,6 +93,73 @@ def _harness(argv: list[str], out: Path) -> dict:
     return {"tok_s": s["output_tok_s"], "ttft": s["ttft_s"]["median"], "tokens": s["output_tokens"]}
 
 
+KEYS = ("tok_s", "ttft", "server_itl")
+LABELS = {
+    "tok_s": ("output tok/s", 1.0),
+    "ttft": ("median TTFT (ms)", 1e3),
+    "server_itl": ("server's mean ITL (ms, its /metrics)", 1e3),
+}
+
+
+def pair_ratios(runs: dict[str, list[dict]], side: str, key: str) -> list[float]:
+    """Per-round ratios ``side`` / vllm bench of one figure."""
+    return ratios([r[key] for r in runs[side]], [r[key] for r in runs["vbench"]])
+
+
+def results_table(runs: dict[str, list[dict]]) -> str:
+    """Medians of each side and the per-round ratios [min, max]; the sampled side if it ran."""
+    sampled = bool(runs.get("sampled"))
+    headers = [
+        "metric",
+        "harness (median)",
+        "vllm bench (median)",
+        "harness / vllm bench [min, max]",
+    ]
+    if sampled:
+        headers += [f"harness --sample-server-load {SAMPLED_S:g} (median)", "its ratio [min, max]"]
+    rows = []
+    for key in KEYS:
+        label, sc = LABELS[key]
+        row = [label] + [med([r[key] * sc for r in runs[s]]) for s in ("harness", "vbench")]
+        row.append(spread(pair_ratios(runs, "harness", key)))
+        if sampled:
+            row += [
+                med([r[key] * sc for r in runs["sampled"]]),
+                spread(pair_ratios(runs, "sampled", key)),
+            ]
+        rows.append(row)
+    tokens = (
+        ["output tokens per run"] + [runs[s][0]["tokens"] for s in ("harness", "vbench")] + [""]
+    )
+    if sampled:
+        tokens += [runs["sampled"][0]["tokens"], ""]
+    return table(headers, rows + [tokens])
+
+
+def noise_line(itl_r: list[float]) -> str:
+    """Done-when wording for the server's ITL: equal within noise means its CI contains 1."""
+    ci = median_ci(itl_r)
+    if ci is None:
+        return "Server's ITL: too few pairs for a CI."
+    lo, hi, level = ci
+    same = lo <= 1.0 <= hi
+    return (
+        f"Server's mean ITL, harness runs / vllm bench runs: {level:.1%} CI of the median "
+        f"[{lo:.3f}, {hi:.3f}] "
+        + (
+            "contains 1: equal within noise."
+            if same
+            else "excludes 1: the server ran at a different speed."
+        )
+    )
+
+
+def round_order(sides: list[str], i: int) -> list[str]:
+    """Round ``i``'s order: two sides alternate which goes first (A B, B A, ...); three rotate."""
+    k = i % len(sides)
+    return sides[k:] + sides[:k]
+
+
 async def run(quick: bool) -> Result:
     import aiohttp
 
@@ -90,6 +173,7 @@ async def run(quick: bool) -> Result:
     # 128 x 64 tokens: ~9 s per run on an idle machine (64 x 64, ~5 s, left every CI inconclusive)
     c, n, tokens, rounds = (4, 8, 16, 1) if quick else (8, 128, 64, 12)
     rounds = int(os.environ.get("BENCH_ROUNDS") or rounds)  # python -m bench --rounds N
+    sampled = os.environ.get(SAMPLED_ENV) == "1"
     texts = prompts(n, tag="fid")
     data = work / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
@@ -132,15 +216,19 @@ async def run(quick: bool) -> Result:
         sides: dict[str, Callable[[], Awaitable[dict]]] = {
             "harness": lambda: harness_side([]),
             "vbench": vbench_side,
-            "sampled": lambda: harness_side(["--sample-server-load", str(SAMPLED_S)]),
         }
+        if sampled:
+            sides["sampled"] = lambda: harness_side(["--sample-server-load", str(SAMPLED_S)])
+        raw = work / "runs.jsonl"
 
-        async def timed(name: str) -> None:
+        async def timed(name: str, round_: int | None = None) -> None:
             before = await prom.scrape(http, root, timeout)
             r = await sides[name]()
             after = await prom.scrape(http, root, timeout)
             r["server_itl"] = prom.mean_between(before, after, "itl")
             runs[name].append(r)
+            with raw.open("a") as f:  # a run cut short keeps what it measured
+                f.write(json.dumps({"round": round_, "side": name} | r) + "\n")
 
         bodies: dict[str, list[dict]] = {}
         for name in sides:  # untimed warm-up of the server and every client
@@ -155,61 +243,19 @@ async def run(quick: bool) -> Result:
         assert not (quick and costly), fields  # the harness asks no more of the server
         for v in runs.values():
             v.clear()
-        order = list(sides)
         for i in range(rounds):
-            for name in order[i % 3 :] + order[: i % 3]:
-                await timed(name)
+            for name in round_order(list(sides), i):
+                await timed(name, i)
 
-        def col(name: str, key: str, scale: float = 1.0) -> list[float]:
-            return [r[key] * scale for r in runs[name]]
-
-        tok_r = ratios(col("harness", "tok_s"), col("vbench", "tok_s"))
-        ttft_r = ratios(col("harness", "ttft"), col("vbench", "ttft"))
-        itl_r = ratios(col("harness", "server_itl"), col("vbench", "server_itl"))
-        s_tok_r = ratios(col("sampled", "tok_s"), col("vbench", "tok_s"))
-        s_itl_r = ratios(col("sampled", "server_itl"), col("vbench", "server_itl"))
-        rows = [
-            ["output tok/s", "tok_s", 1.0, tok_r, s_tok_r],
-            ["median TTFT (ms)", "ttft", 1e3, ttft_r, ratios(col("sampled", "ttft"), col("vbench", "ttft"))],
-            ["server's mean ITL (ms, its /metrics)", "server_itl", 1e3, itl_r, s_itl_r],
-        ]  # fmt: skip
-        res.body.append(
-            table(
-                [
-                    "metric",
-                    "harness (median)",
-                    "vllm bench (median)",
-                    "harness / vllm bench [min, max]",
-                    f"harness --sample-server-load {SAMPLED_S:g} (median)",
-                    "its ratio [min, max]",
-                ],
-                [
-                    [
-                        label,
-                        med(col("harness", k, sc)),
-                        med(col("vbench", k, sc)),
-                        spread(r),
-                        med(col("sampled", k, sc)),
-                        spread(sr),
-                    ]
-                    for label, k, sc, r, sr in rows
-                ]  # fmt: skip
-                + [
-                    [
-                        "output tokens per run",
-                        runs["harness"][0]["tokens"],
-                        runs["vbench"][0]["tokens"],
-                        "",
-                        runs["sampled"][0]["tokens"],
-                        "",
-                    ]
-                ],  # fmt: skip
-            )
-        )
+        tok_r, ttft_r, itl_r = (pair_ratios(runs, "harness", k) for k in KEYS)
+        res.body.append(results_table(runs))
+        res.body.append(noise_line(itl_r))
         res.body.append(
             f"{n} prompts x {tokens} tokens (ignore_eos, greedy), concurrency {c}, {rounds} "
-            "rounds of the three sides in an order rotated every round, after one untimed "
-            "warm-up of each. The harness side is `python -m harness` (CLI, Session, Runner) in "
+            f"rounds of the {len(sides)} sides, "
+            + ("the first alternating every round" if len(sides) == 2 else "the order rotated")
+            + ", after one untimed warm-up of each; every run's figures in "
+            f"{raw}. The harness side is `python -m harness` (CLI, Session, Runner) in "
             "the bench process; the server's ITL is the delta of its histogram's sum over the "
             f"delta of its count across each run. Server: `{' '.join(server.argv)}` (log in "
             f"{work})."
