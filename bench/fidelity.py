@@ -23,12 +23,14 @@ import asyncio
 import contextlib
 import io
 import json
+import math
 import os
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from bench.common import (
+    Headline,
     Result,
     med,
     median_ci,
@@ -108,6 +110,8 @@ def pair_ratios(runs: dict[str, list[dict]], side: str, key: str) -> list[float]
 
 def results_table(runs: dict[str, list[dict]]) -> str:
     """Medians of each side and the per-round ratios [min, max]; the sampled side if it ran."""
+    if not (runs["harness"] and runs["vbench"]):
+        return "No timed round finished."
     sampled = bool(runs.get("sampled"))
     headers = [
         "metric",
@@ -152,6 +156,65 @@ def noise_line(itl_r: list[float]) -> str:
             else "excludes 1: the server ran at a different speed."
         )
     )
+
+
+def abba(rs: list[float]) -> list[float]:
+    """Rounds 2k and 2k+1 merged (with two sides: one with the harness first, one with vllm bench
+    first, A B B A): the geometric mean of their ratios, in which a drift linear over the four
+    runs cancels."""
+    return [math.sqrt(a * b) for a, b in zip(rs[0::2], rs[1::2])]
+
+
+def lag1(rs: list[float]) -> float | None:
+    """Lag-1 autocorrelation of the log ratios: near 0 when rounds are independent, as the
+    order-statistic CI assumes."""
+    xs = [math.log(r) for r in rs]
+    if len(xs) < 3:
+        return None
+    m = sum(xs) / len(xs)
+    den = sum((x - m) ** 2 for x in xs)
+    return sum((a - m) * (b - m) for a, b in zip(xs, xs[1:])) / den if den else None
+
+
+def analyse(runs: dict[str, list[dict]]) -> tuple[list[str], list[Headline]]:
+    """The table, the ITL's noise line, the drift check, and the three headlines from the runs
+    of each side in round order (what ``run`` measured, or ``runs.jsonl`` re-read)."""
+    tok_r, ttft_r, itl_r = (pair_ratios(runs, "harness", k) for k in KEYS)
+    checks = []
+    for key, rs in zip(KEYS, (tok_r, ttft_r, itl_r)):
+        blocks = abba(rs)
+        ci = median_ci(blocks)
+        r1 = lag1(rs)
+        checks.append(
+            f"{LABELS[key][0].split(' (')[0]}: lag-1 autocorrelation of the rounds' log ratios "
+            + ("n/a" if r1 is None else f"{r1:+.2f}")
+            + f"; {len(blocks)} rounds merged in twos: median "
+            + (f"{med(blocks):.3f}" if blocks else "n/a")
+            + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else " (too few for a CI)")
+        )
+    drift = (
+        "Drift check (the verdicts use single rounds): "
+        + "; ".join(checks)
+        + ". Two rounds merged cancel a drift linear over their four runs; if the server drifts "
+        "the merged blocks' CI moves or widens against the rounds' CI."
+    )
+    heads = [
+        ratio_headline("output tok/s harness / vllm bench", tok_r, 0.95, 1.05, "within 5%"),
+        ratio_headline("median TTFT harness / vllm bench", ttft_r, 0.90, 1.10, "within 10%"),
+        ratio_headline(
+            "server's mean ITL, harness runs / vllm bench runs", itl_r, 0.95, 1.05, "within 5%"
+        ),
+    ]
+    return [results_table(runs), noise_line(itl_r), drift], heads
+
+
+def load(path: Path) -> dict[str, list[dict]]:
+    """``runs.jsonl`` back into each side's timed runs in round order (warm-ups left out)."""
+    runs: dict[str, list[dict]] = {"harness": [], "vbench": [], "sampled": []}
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for row in sorted((r for r in rows if r["round"] is not None), key=lambda r: r["round"]):
+        runs[row["side"]].append(row)
+    return runs
 
 
 def round_order(sides: list[str], i: int) -> list[str]:
@@ -247,27 +310,20 @@ async def run(quick: bool) -> Result:
             for name in round_order(list(sides), i):
                 await timed(name, i)
 
-        tok_r, ttft_r, itl_r = (pair_ratios(runs, "harness", k) for k in KEYS)
-        res.body.append(results_table(runs))
-        res.body.append(noise_line(itl_r))
+        body, heads = analyse(runs)
+        res.body += body[:2]
         res.body.append(
             f"{n} prompts x {tokens} tokens (ignore_eos, greedy), concurrency {c}, {rounds} "
             f"rounds of the {len(sides)} sides, "
             + ("the first alternating every round" if len(sides) == 2 else "the order rotated")
             + ", after one untimed warm-up of each; every run's figures in "
-            f"{raw}. The harness side is `python -m harness` (CLI, Session, Runner) in "
-            "the bench process; the server's ITL is the delta of its histogram's sum over the "
-            f"delta of its count across each run. Server: `{' '.join(server.argv)}` (log in "
-            f"{work})."
+            f"{raw} (`python -m bench.fidelity {raw}` re-reads them). The harness side is "
+            "`python -m harness` (CLI, Session, Runner) in the bench process; the server's ITL "
+            "is the delta of its histogram's sum over the delta of its count across each run. "
+            f"Server: `{' '.join(server.argv)}` (log in {work})."
         )
-        res.body.append(fields)
-        res.headlines += [
-            ratio_headline("output tok/s harness / vllm bench", tok_r, 0.95, 1.05, "within 5%"),
-            ratio_headline("median TTFT harness / vllm bench", ttft_r, 0.90, 1.10, "within 10%"),
-            ratio_headline(
-                "server's mean ITL, harness runs / vllm bench runs", itl_r, 0.95, 1.05, "within 5%"
-            ),
-        ]
+        res.body += body[2:] + [fields]
+        res.headlines += heads
         hargv = _harness_argv(url, model, data, tokens, c, Path("OUT"))
         res.commands += [
             " ".join(server.argv),
@@ -281,3 +337,13 @@ async def run(quick: bool) -> Result:
         vb.close()
         await server.close()
     return res
+
+
+if __name__ == "__main__":  # python -m bench.fidelity RUNS.jsonl: a saved run's analysis again
+    import sys
+
+    body, heads = analyse(load(Path(sys.argv[1])))
+    for h in heads:
+        value = "n/a" if h.value is None else f"{h.value:.3f}"
+        print(f"{h.label}: {value} ({h.target}): {h.verdict}; {h.detail}")
+    print("\n\n".join(body))

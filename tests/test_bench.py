@@ -150,3 +150,52 @@ def test_fidelity_clients_ask_a_vllm_server_for_the_same_work(tmp_path, tiny_pai
     print(line)
     assert costly == [], line
     assert "return_token_ids" not in generation_bodies(bodies["harness"])[0]
+
+
+def test_fidelity_rounds_alternate_and_merged_rounds_cancel_a_linear_drift() -> None:
+    """Two sides alternate which goes first (A B, B A); a server slowing by 1% per run biases
+    every single round's ratio by a run's drift, and two rounds merged (A B B A) cancel it."""
+    from bench.fidelity import abba, round_order
+
+    assert [round_order(["h", "v"], i) for i in range(3)] == [["h", "v"], ["v", "h"], ["h", "v"]]
+    assert round_order(["h", "v", "s"], 1) == ["v", "s", "h"]
+    speed = iter(0.99**k for k in range(100))  # the server's speed at each run, in time order
+    runs: dict[str, list[float]] = {"h": [], "v": []}
+    for i in range(10):
+        for side in round_order(["h", "v"], i):
+            runs[side].append((0.97 if side == "h" else 1.0) * next(speed))
+    single = [h / v for h, v in zip(runs["h"], runs["v"])]
+    assert min(abs(r - 0.97) for r in single) > 0.009  # each round off by one run's drift
+    assert abba(single) == pytest.approx([0.97] * 5)
+
+
+def test_fidelity_analysis_reads_back_the_saved_runs(tmp_path) -> None:
+    """``runs.jsonl`` as the bench writes it (warm-ups with round null) gives the headlines: a
+    harness 2% slower with 3% noise over 60 rounds is "met" within 5%; the ITL equal within
+    noise; the lag-1 autocorrelation of independent rounds near 0."""
+    import json
+
+    import numpy as np
+
+    from bench.fidelity import analyse, lag1, load
+
+    rng = np.random.default_rng(1)
+    rows = [{"round": None, "side": s, "tok_s": 1.0, "ttft": 1.0, "tokens": 1, "server_itl": 1.0}
+            for s in ("harness", "vbench")]  # fmt: skip
+    for i in range(60):
+        for side, f in (("harness", 0.98), ("vbench", 1.0)):
+            e = rng.normal(0, 0.03, 3)
+            rows.append({"round": i, "side": side, "tok_s": 1000 * f * np.exp(e[0]),
+                         "ttft": 0.045 / f * np.exp(e[1]), "tokens": 8192,
+                         "server_itl": 0.007 * np.exp(e[2])})  # fmt: skip
+    path = tmp_path / "runs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runs = load(path)
+    assert [len(runs[s]) for s in ("harness", "vbench", "sampled")] == [60, 60, 0]
+    body, heads = analyse(runs)
+    assert [h.verdict for h in heads] == ["met", "met", "met"]
+    assert heads[0].value == pytest.approx(0.98, abs=0.02)
+    assert "contains 1: equal within noise" in body[1]
+    assert (
+        abs(lag1([h["tok_s"] / v["tok_s"] for h, v in zip(runs["harness"], runs["vbench"])])) < 0.3
+    )
