@@ -92,7 +92,12 @@ def _harness(argv: list[str], out: Path) -> dict:
     (run,) = json.loads((out / "results.json").read_text())["runs"]
     s = run["summary"]
     assert s["failed"] == 0, s["errors"]
-    return {"tok_s": s["output_tok_s"], "ttft": s["ttft_s"]["median"], "tokens": s["output_tokens"]}
+    return {
+        "tok_s": s["output_tok_s"],
+        "ttft": s["ttft_s"]["median"],
+        "ttft_mean": s["ttft_s"]["mean"],
+        "tokens": s["output_tokens"],
+    }
 
 
 KEYS = ("tok_s", "ttft", "server_itl")
@@ -205,7 +210,25 @@ def analyse(runs: dict[str, list[dict]]) -> tuple[list[str], list[Headline]]:
             "server's mean ITL, harness runs / vllm bench runs", itl_r, 0.95, 1.05, "within 5%"
         ),
     ]
-    return [results_table(runs), noise_line(itl_r), drift], heads
+    return [results_table(runs), noise_line(itl_r), drift, ttft_line(runs)], heads
+
+
+def ttft_line(runs: dict[str, list[dict]]) -> str:
+    """Whose TTFT is nearer the server's own: each client's mean TTFT over a run minus the
+    server's mean TTFT (its histogram, arrival to first token) over the same run. What is
+    left is the delivery and the client's own delay in stamping; the smaller, the truer."""
+    sides = ("harness", "vbench")
+    if not all(runs[s] and runs[s][0].get("server_ttft") is not None for s in sides):
+        return "Client TTFT against the server's own: not recorded in these runs."
+    gap = {s: [(r["ttft_mean"] - r["server_ttft"]) * 1e3 for r in runs[s]] for s in sides}
+    ci = median_ci([a - b for a, b in zip(gap["harness"], gap["vbench"])])
+    return (
+        "Mean TTFT minus the server's own mean TTFT over the same run (its /metrics; what is "
+        f"left is delivery plus the client's delay in stamping): harness {med(gap['harness']):.1f} "
+        f"ms, vllm bench {med(gap['vbench']):.1f} ms (medians over rounds); harness - vllm bench "
+        + (f"{ci[0]:+.1f} .. {ci[1]:+.1f} ms ({ci[2]:.1%} CI of the median)" if ci else "n/a")
+        + "."
+    )
 
 
 def load(path: Path) -> dict[str, list[dict]]:
@@ -273,6 +296,7 @@ async def run(quick: bool) -> Result:
             return {
                 "tok_s": r["output_throughput"],
                 "ttft": r["median_ttft_ms"] / 1e3,
+                "ttft_mean": r["mean_ttft_ms"] / 1e3,
                 "tokens": r["total_output_tokens"],
             }
 
@@ -289,6 +313,7 @@ async def run(quick: bool) -> Result:
             r = await sides[name]()
             after = await prom.scrape(http, root, timeout)
             r["server_itl"] = prom.mean_between(before, after, "itl")
+            r["server_ttft"] = prom.mean_between(before, after, "ttft")
             runs[name].append(r)
             with raw.open("a") as f:  # a run cut short keeps what it measured
                 f.write(json.dumps({"round": round_, "side": name} | r) + "\n")

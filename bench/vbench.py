@@ -25,6 +25,7 @@ KEEP = (
     "request_throughput",
     "output_throughput",
     "median_ttft_ms",
+    "mean_ttft_ms",
     "median_itl_ms",
     "ttfts",
     "itls",

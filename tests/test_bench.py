@@ -180,14 +180,15 @@ def test_fidelity_analysis_reads_back_the_saved_runs(tmp_path) -> None:
     from bench.fidelity import analyse, lag1, load
 
     rng = np.random.default_rng(1)
-    rows = [{"round": None, "side": s, "tok_s": 1.0, "ttft": 1.0, "tokens": 1, "server_itl": 1.0}
-            for s in ("harness", "vbench")]  # fmt: skip
+    rows = [{"round": None, "side": s, "tok_s": 1.0, "ttft": 1.0, "tokens": 1, "server_itl": 1.0,
+             "server_ttft": 1.0, "ttft_mean": 1.0} for s in ("harness", "vbench")]  # fmt: skip
     for i in range(60):
         for side, f in (("harness", 0.98), ("vbench", 1.0)):
             e = rng.normal(0, 0.03, 3)
             rows.append({"round": i, "side": side, "tok_s": 1000 * f * np.exp(e[0]),
                          "ttft": 0.045 / f * np.exp(e[1]), "tokens": 8192,
-                         "server_itl": 0.007 * np.exp(e[2])})  # fmt: skip
+                         "server_itl": 0.007 * np.exp(e[2]), "server_ttft": 0.040,
+                         "ttft_mean": 0.040 + (0.002 if side == "harness" else 0.005)})  # fmt: skip
     path = tmp_path / "runs.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     runs = load(path)
@@ -196,6 +197,8 @@ def test_fidelity_analysis_reads_back_the_saved_runs(tmp_path) -> None:
     assert [h.verdict for h in heads] == ["met", "met", "met"]
     assert heads[0].value == pytest.approx(0.98, abs=0.02)
     assert "contains 1: equal within noise" in body[1]
+    assert "harness 2.0 ms, vllm bench 5.0 ms" in body[3]  # each client's TTFT over the server's
+    assert "-3.0 .. -3.0 ms" in body[3]
     assert (
         abs(lag1([h["tok_s"] / v["tok_s"] for h, v in zip(runs["harness"], runs["vbench"])])) < 0.3
     )
