@@ -158,22 +158,35 @@ async def _execute(
     if error:
         print(f"error: {error}; partial results in {out}", file=sys.stderr)
         return 1
-    why = run_failure(runs)
-    if why:
+    why = run_failure(runs) or (
+        None if results["status"] == "complete" else f"run {results['status']}"
+    )
+    if why:  # e.g. "run stopped: error rate 50% > --max-error-rate 20%"
         print(f"error: {why}; results in {out}", file=sys.stderr)
         return 1
-    return 0 if results["status"] == "complete" else 1
+    return 0
 
 
 def run_failure(runs: list[Run]) -> str | None:
-    """Why the run as a whole failed (an engine did not start, or no request succeeded), else
-    None; some failed requests are not a failed run (the table counts them)."""
+    """Why the run as a whole failed, else None: an engine did not start, or one engine/variant
+    that ran had no successful request (a comparison with one side at 0/N is no comparison).
+    Some failed requests are not a failed run (the table counts them)."""
     for r in runs:
         if r.status.startswith("failed: engine did not start"):
             return f"{r.cell.engine} [{r.cell.label}] {r.status.removeprefix('failed: ')}"
-    tried = [r for r in runs if not r.status.startswith("unsupported")]
-    records = [rec for r in tried for rec in r.records if not rec.warmup]
-    if tried and not any(rec.ok for rec in records):
+    sides: dict[str, list[Run]] = {}
+    for r in runs:
+        if not r.status.startswith("unsupported"):
+            sides.setdefault(f"{r.cell.engine} [{r.cell.label}]", []).append(r)
+    for side, tried in sides.items():
+        records = [rec for r in tried for rec in r.records if not rec.warmup]
+        if any(rec.ok for rec in records):
+            continue
+        if not records and not any(r.status.startswith("failed") for r in tried):
+            continue  # stopped or interrupted before it sent anything: it did not run
         first = next((rec.error for rec in records if rec.error), None)
-        return f"no request succeeded ({len(records)} failed{f', e.g. {first}' if first else ''})"
+        if first is None and not records:
+            first = next(r.status.removeprefix("failed: ") for r in tried)
+        e_g = f", e.g. {first}" if first else ""
+        return f"{side}: no request succeeded ({len(records)} failed{e_g})"
     return None

@@ -134,6 +134,8 @@ def test_max_error_rate_stops_cleanly(tmp_path, capsys):
         code, out = run_harness(tmp_path, url, 60, "--concurrency", "2", "--max-error-rate", "0.2")
     err = capsys.readouterr().err
     assert code == 1
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("error:")]  # says why
+    assert "run stopped: error rate" in line and "--max-error-rate 20%" in line
     res = json.loads((out / "results.json").read_text())
     assert res["status"].startswith("stopped: error rate")
     (run,) = res["runs"]
@@ -169,6 +171,33 @@ def test_no_request_succeeded_exits_nonzero_with_one_line(tmp_path, capsys):
     assert "no request succeeded (4 failed, e.g. http 500" in line
     (run,) = json.loads((out / "results.json").read_text())["runs"]  # results still written
     assert run["summary"]["failed"] == 4
+
+
+def test_one_side_with_no_success_fails_the_run(tmp_path, capsys):
+    """Two variants, one server answering 422 to all: the run exits 1 with one line naming the
+    side at 0/N (results and table still written); some failures on a side still exit 0."""
+    flaky = FakeServer(lambda i: Behaviour(status=500) if i % 2 else OK)
+    broken = FakeServer(Behaviour(status=422))
+    with (
+        ServerThread(FakeServer(OK)) as good,
+        ServerThread(broken) as bad,
+        ServerThread(flaky) as half,
+    ):
+        for name, ngram in (("bad", bad), ("half", half)):
+            (tmp_path / name).mkdir()
+            urls = ("--base-url", f"baseline={good}", f"ngram={ngram}")
+            code, out = run_harness(tmp_path / name, good, 4, "--spec", "ngram", *urls)
+            err = capsys.readouterr().err
+            if name == "half":
+                assert code == 0, err
+                continue
+            assert code == 1, err
+            (line,) = [ln for ln in err.splitlines() if ln.startswith("error:")]
+            assert "openai [ngram]: no request succeeded (4 failed, e.g. http 422" in line
+            assert "baseline" not in line
+            runs = json.loads((out / "results.json").read_text())["runs"]
+            assert sorted(r["summary"]["completed"] for r in runs) == [0, 4]
+            assert "ngram" in (out / "summary.md").read_text()
 
 
 def test_engine_that_cannot_start_exits_nonzero(tmp_path, capsys):
