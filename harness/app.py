@@ -142,9 +142,9 @@ async def _execute(
     design = session.design_record([f"{c.engine}/{label}" for label, c in configs])
     results = finalize(out, plan, workload, runs, status, design=design)
     if plan.save_vllm_json:
-        from harness.vllm_json import EXPORT_SUBDIR, export_dir
+        from harness.vllm_json import export_dir
 
-        written = export_dir(results, out / EXPORT_SUBDIR, plan.result_filename)
+        written = export_dir(results, out, plan.result_filename)
         print(f"[harness] vLLM bench result files: {written}", file=sys.stderr)
     summary = (out / "summary.md").read_text()
     if not interrupted:

@@ -7,6 +7,7 @@ import argparse
 
 from harness import vllm_flags
 from harness.options import Parser, non_negative_int, positive_float, positive_int
+from harness.plan_flags import DEFAULT_CONCURRENCY, DEFAULT_MAX_NEW_TOKENS
 
 # Repeats (blocks) are the unit of every CI (harness/stats.py). With a fresh engine instance per
 # block (an instance's own offset, sd ~3% here, then varies between blocks) 4 detect a 10%
@@ -144,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         nargs="+",
         default=None,
-        help="throughput mode: requests in flight (list = sweep; default 4; with --request-rate: a cap)",
+        help=f"throughput mode: requests in flight (list = sweep; default {DEFAULT_CONCURRENCY}; "
+        "with --request-rate: a cap)",
     )
     m.add_argument(
         "--request-rate",
@@ -172,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         nargs="+",
         default=None,
-        help="output length (list = sweep; default 64, or the workload's own lengths)",
+        help=f"output length (list = sweep; default: the workload's own lengths, else "
+        f"{DEFAULT_MAX_NEW_TOKENS}; --dataset-name random: --random-output-len)",
     )
     m.add_argument(
         "--ignore-eos", action="store_true", help="generate exactly max-new-tokens tokens"

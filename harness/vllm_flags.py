@@ -156,7 +156,9 @@ def add_group(p: argparse.ArgumentParser) -> None:
     v.add_argument(
         "--result-filename",
         default=None,
-        help="with --save-result: the vLLM-shaped files of the runs, one JSON object a line",
+        help="with --save-result: also every run's vLLM-shaped result in one file, one JSON object "
+        "a line (as vllm bench serve --append-result), at RESULT_DIR/F as vllm bench serve "
+        "places it (an absolute F as given)",
     )
     v.add_argument(
         "--save-detailed",

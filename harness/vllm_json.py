@@ -8,7 +8,7 @@ order, and the harness's ``random`` and custom-file ids are the same indices), s
 pairs them; a file without them is refused in one line (aggregates cannot be paired).
 
 Out: each run of a results.json in vLLM's shape (aggregates from the stored summary, per-request
-lists from the records), as ``<dir>/<engine>-<label>-<point>/run=R.json`` plus a
+lists from the records), as ``<dir>/vllm/<engine>-<label>-<point>/run=R.json`` plus a
 ``summary.json`` list per configuration and point, the layout ``vllm bench sweep plot`` reads.
 """
 
@@ -290,9 +290,12 @@ def _slug(text: str) -> str:
 EXPORT_SUBDIR = "vllm"  # --save-result: OUTPUT_DIR/vllm/<config>/run=R.json
 
 
-def export_dir(results: Mapping[str, Any], out: Path, filename: str | None = None) -> Path:
-    """Write every run as vLLM bench JSON under ``out`` (sweep-plot layout); ``filename``: also
-    every run, one JSON object a line (``--result-filename``). Returns ``out``."""
+def export_dir(results: Mapping[str, Any], result_dir: Path, filename: str | None = None) -> Path:
+    """Write every run as vLLM bench JSON under ``result_dir/vllm`` (sweep-plot layout);
+    ``filename`` (``--result-filename``): also every run, one JSON object a line, at
+    ``result_dir/filename`` as vllm bench serve places it (an absolute path stays as given).
+    Returns the ``vllm`` directory."""
+    out = result_dir / EXPORT_SUBDIR
     groups: dict[str, list[dict[str, Any]]] = {}
     for run in results.get("runs", []):
         if not run.get("records") or str(run.get("status")).startswith(("unsupported", "failed")):
@@ -312,5 +315,7 @@ def export_dir(results: Mapping[str, Any], out: Path, filename: str | None = Non
             lines.append(json.dumps(item))
         (d / "summary.json").write_text(json.dumps(items))
     if filename:
-        Path(filename).write_text("\n".join(lines) + "\n")
+        path = result_dir / Path(filename).expanduser()  # vLLM: os.path.join(result_dir, name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(lines) + "\n")
     return out

@@ -280,6 +280,23 @@ def test_help_documents_every_flag():
     assert "vllm bench serve names:" in proc.stdout
 
 
+def test_help_states_the_defaults_the_plan_uses():
+    """--help's defaults are the constants build_plan applies (it once said 64 for 32)."""
+    import re
+
+    from harness.flags import build_parser
+    from harness.plan_flags import DEFAULT_CONCURRENCY, DEFAULT_MAX_NEW_TOKENS, build_plan
+
+    text = " ".join(build_parser().format_help().split())
+    assert re.search(
+        rf"output length \(list = sweep; default: .*?else {DEFAULT_MAX_NEW_TOKENS};", text
+    )
+    assert f"requests in flight (list = sweep; default {DEFAULT_CONCURRENCY};" in text
+    plan = build_plan(build_parser().parse_args(["--engine", "hf"]), "m", None)
+    assert plan.max_new_tokens == (DEFAULT_MAX_NEW_TOKENS,)
+    assert plan.concurrency == (DEFAULT_CONCURRENCY,)
+
+
 def test_vllm_bench_names_mean_the_same():
     from harness.flags import build_parser
     from harness.options import goodput as _goodput

@@ -114,6 +114,21 @@ def test_bad_file_is_one_line(tmp_path: Path, capsys) -> None:
     assert len(err) == 1 and "--save-detailed" in err[0]
 
 
+def test_result_filename_lands_in_the_result_dir(tmp_path: Path, monkeypatch) -> None:
+    """``--result-dir D --result-filename F`` writes D/F, as vllm bench serve joins them, not F
+    in the working directory; an absolute F stays where it was asked."""
+    res = _results([_run("baseline", 4, 1.0, r) for r in range(2)])
+    monkeypatch.chdir(tmp_path)
+    out = export_dir(res, tmp_path / "results", "runs.jsonl")
+    assert out == tmp_path / "results" / "vllm"
+    assert (out / "vllm-baseline-throughput-concurrency=4-5tok" / "run=1.json").is_file()
+    lines = (tmp_path / "results" / "runs.jsonl").read_text().splitlines()
+    assert [json.loads(x)["run_number"] for x in lines] == [0, 1]
+    assert not (tmp_path / "runs.jsonl").exists()
+    export_dir(res, tmp_path / "other", str(tmp_path / "abs.jsonl"))
+    assert len((tmp_path / "abs.jsonl").read_text().splitlines()) == 2
+
+
 @pytest.mark.slow
 def test_vllm_sweep_plot_reads_the_export(tmp_path: Path) -> None:
     """vLLM's own ``vllm bench sweep plot`` code loads the exported directory and draws it."""
@@ -121,7 +136,7 @@ def test_vllm_sweep_plot_reads_the_export(tmp_path: Path) -> None:
 
     res = _results([_run(lb, 8, s, r) for lb, s in (("baseline", 1.0), ("ngram", 0.5))
                     for r in range(2)])  # fmt: skip
-    out = export_dir(res, tmp_path / "vllm", str(tmp_path / "all.jsonl"))
+    out = export_dir(res, tmp_path, "all.jsonl")
     summaries = sorted(out.rglob("summary.json"))
     assert len(summaries) == 2 and len(json.loads(summaries[0].read_text())) == 2
     assert len((tmp_path / "all.jsonl").read_text().splitlines()) == 4
