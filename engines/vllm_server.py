@@ -37,7 +37,12 @@ from engines.base import (
 )
 from engines.http_flags import ManagedServerFlags
 from engines.openai import OpenAIEngine
-from engines.vllm_setup import check_schedule, cpu_defaults, per_request_spec_metrics
+from engines.vllm_setup import (
+    CPU_DTYPE,
+    check_schedule,
+    cpu_defaults,
+    per_request_spec_metrics,
+)
 from workloads.base import Request
 
 # options of this engine; the rest of OPENAI_PASSTHROUGH reach the inner OpenAIEngine
@@ -296,12 +301,18 @@ class VLLMServerEngine(ManagedServerFlags, Engine):
     def _defaults(self) -> dict[str, Any]:
         """Settings chosen for the user (recorded): on CPU, the in-process engine's
         (``vllm_setup.cpu_defaults``), so that server and in-process run one configuration."""
-        return cpu_defaults(self.config.model, self.config.engine_args) if self.cpu else {}
+        if not self.cpu:
+            return {}
+        out = cpu_defaults(self.config.model, self.config.engine_args)
+        if self.config.dtype == "auto" and "dtype" not in self.config.engine_args:
+            out["dtype"] = CPU_DTYPE  # as the in-process engine: one dtype for both on CPU
+        return out
 
     def _argv(self, python: str) -> list[str]:
         cfg = self.config
         args: dict[str, Any] = dict(self.defaults)
-        args.update({"seed": cfg.seed, "dtype": cfg.dtype})
+        args["seed"] = cfg.seed
+        args.setdefault("dtype", cfg.dtype)
         if cfg.prefix_cache == "off":
             args["enable_prefix_caching"] = False
         if not self.cpu and cfg.share > 1:  # servers alive at once split one GPU's memory

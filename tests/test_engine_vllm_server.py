@@ -11,6 +11,7 @@ import asyncio
 import json
 import socket
 import stat
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +206,12 @@ def test_argv_flags_spec_config_and_cpu_defaults() -> None:
     assert spec == {"method": "draft_model", "num_speculative_tokens": 3, "model": "/m/draft"}
     assert argv[argv.index("--per-request-spec-decode-metrics") + 1] == "summary"
     assert "sk-x" not in repr(e.describe())
+    # dtype auto on CPU: the in-process engine's float32, not whatever vLLM picks from the config
+    assert argv[argv.index("--dtype") + 1] == "float32" and e.defaults["dtype"] == "float32"
+    half = VLLMServerEngine(replace(cfg, dtype="bfloat16")).argv
+    assert half[half.index("--dtype") + 1] == "bfloat16"
+    own = VLLMServerEngine(replace(cfg, engine_args={"dtype": "float16"})).argv
+    assert own[own.index("--dtype") + 1] == "float16" and own.count("--dtype") == 1
     assert to_flags({"a_b": None, "c": [1, 2], "d": {"x": 1}}) == [
         "--c",
         "1",
