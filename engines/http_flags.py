@@ -21,11 +21,16 @@ from engines.base import EngineConfig, EngineError
 #   request_timeout, max_concurrency, endpoint, api_key_env, api_key_file, served_model,
 #   server_start_timeout, token_ids (True: the run needs each chunk's token ids, it compares
 #   outputs or a speculative variant streams several tokens per event; False: forced off;
-#   None: the client asks only if its server speculates)
+#   None: the client asks only if its server speculates), token_ids_why (the reason, recorded),
+#   model_named (the user gave --model: a remote server serves it, so its tokenizer may count)
 RunFlags = Mapping[str, Any]
 
-CLIENT_FLAGS = frozenset({"request_timeout", "max_concurrency", "endpoint", "token_ids"})
-OPENAI_FLAGS = CLIENT_FLAGS | {"base_url", "api_key_env", "api_key_file", "served_model"}
+CLIENT_FLAGS = frozenset(
+    {"request_timeout", "max_concurrency", "endpoint", "token_ids", "token_ids_why"}
+)
+OPENAI_FLAGS = CLIENT_FLAGS | {
+    "base_url", "api_key_env", "api_key_file", "served_model", "model_named"
+}  # fmt: skip
 SERVER_FLAGS = CLIENT_FLAGS | {"server_start_timeout"}
 
 
@@ -37,6 +42,8 @@ def client_options(flags: RunFlags) -> dict[str, Any]:
         out["endpoint"] = flags["endpoint"]
     if "token_ids" in flags:  # None: the client decides once it sees the server
         out["token_ids"] = flags["token_ids"]
+        if flags.get("token_ids_why"):
+            out["token_ids_why"] = flags["token_ids_why"]
     return out
 
 
@@ -65,6 +72,8 @@ def openai_options(flags: RunFlags, speculative: bool, name: str) -> dict[str, A
     for key in ("api_key_file", "served_model"):
         if flags.get(key) is not None:
             out[key] = flags[key]
+    if flags.get("model_named"):  # else the default --model, which no remote server serves
+        out["count_with_model"] = True
     return out
 
 

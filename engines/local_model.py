@@ -55,13 +55,29 @@ def prompt_ids(tokenizer: Any, request: Request) -> tuple[list[int], bool]:
 
 
 def counting_tokenizer(name: str | None) -> Any:
-    """A local ``tokenizer.json`` through the light ``tokenizers`` library, else None. Used only
-    to count output tokens when a server sends neither usage nor token ids."""
-    path = Path(name or "") / "tokenizer.json"
-    if not name or not path.is_file():
+    """The ``tokenizer.json`` of a local directory, or of a hub id already in the Hugging Face
+    cache (never downloaded), through the light ``tokenizers`` library; else None. Used only to
+    count output tokens when a server sends neither usage nor token ids."""
+    path = _tokenizer_file(name) if name else None
+    if path is None:
         return None
     try:
         from tokenizers import Tokenizer
     except ImportError:
         return None
     return Tokenizer.from_file(str(path))
+
+
+def _tokenizer_file(name: str) -> Path | None:
+    local = Path(name).expanduser() / "tokenizer.json"
+    if local.is_file() or looks_like_path(name):
+        return local if local.is_file() else None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    try:
+        cached = try_to_load_from_cache(name, "tokenizer.json")
+    except ValueError:  # not a valid repo id
+        return None
+    return Path(cached) if isinstance(cached, str) else None

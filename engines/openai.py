@@ -1,13 +1,16 @@
 """An existing OpenAI-compatible server (vLLM, SGLang, TGI, transformers serve, ...) over
 aiohttp, streamed with SSE.
 
-Requests are spread round-robin over ``base_urls``. vLLM servers get ``ignore_eos`` and, with
+Requests are spread round-robin over ``base_urls``. Which model to request and whether the
+server is vLLM: :mod:`engines.openai_server`. vLLM servers get ``ignore_eos`` and, with
 option ``token_ids`` (default), per-chunk token ids (``return_token_ids``: exact counts of
 multi-token events, outputs to compare); no more: an extra field is work the server does for the
 client (``min_tokens`` ran vLLM's min-tokens logits processor every step; ``ignore_eos`` alone
 reaches ``max_tokens``). Without ids a vLLM event counts one token, as in vllm bench. Other
-servers get plain OpenAI requests (transformers serve answers 422 to unknown fields). The total is the server's usage, else the token ids, else the local
-tokenizer's count of the text; each record says which, and how its stream ended (see
+servers get plain OpenAI requests (transformers serve answers 422 to unknown fields). The
+total is the server's usage, else the token ids, else a local tokenizer's count of the text (only
+one the user named: ``--tokenizer``, or ``--model`` given explicitly), else one token per text
+event; each record says which, and how its stream ended (see
 :mod:`engines.sse`). Speculative counters and load gauges come from ``/metrics`` (see
 :mod:`engines.prom`). No torch, transformers or vllm import: an HTTP run stays light.
 """
@@ -45,18 +48,21 @@ from engines.openai_options import (
     split_base_url,
     validate_options,
 )
+from engines.openai_server import (
+    START_TIMEOUT,
+    get_models,
+    get_version,
+    is_vllm,
+    one_line,
+    pick_model,
+)
 from engines.sse import DONE, RequestFailed, StreamEnd, parse_event, sse_events
 from workloads.base import Request
 
 READ_BUFSIZE = 1 << 24  # 16 MiB; lines are split by hand anyway, so no line-length limit
-START_TIMEOUT = 30.0
 KEEPALIVE_S = 4.0  # below uvicorn's 5 s, so a pooled connection is never one the server closed
 
 log = logging.getLogger(__name__)
-
-
-def _one_line(text: str, limit: int = 200) -> str:
-    return " ".join(text.split())[:limit]
 
 
 class OpenAIEngine(OpenAIFlags, Engine):
@@ -82,7 +88,8 @@ class OpenAIEngine(OpenAIFlags, Engine):
         self.vllm_extras: bool | None = opts.get("vllm_extras")
         # ask a vLLM server for token ids; None: only if it speculates (decided in start())
         self.token_ids: bool | None = opts.get("token_ids", True)
-        self._ids_how = "by the server's spec counters" if self.token_ids is None else "flag"
+        self._ids_how: str = opts.get("token_ids_why") or "option token_ids"
+        self._model_how = "--served-model" if self.served_model is not None else None
         self.extra_body: dict[str, Any] = dict(opts.get("extra_body") or {})
         self.server_version: str | None = None
         self._api_key = read_api_key(opts)
@@ -112,12 +119,37 @@ class OpenAIEngine(OpenAIFlags, Engine):
         except BaseException:
             await self.close()
             raise
-        self.server_version = await self._version(self.base_urls[0])
+        self.server_version = await get_version(self._session, self.base_urls[0])
         if self.vllm_extras is None:
-            self.vllm_extras = self.server_version is not None or self._owned_by_vllm
+            self.vllm_extras = await self._detect_vllm()
         if self.token_ids is None:  # a speculating server sends several tokens per event
-            self.token_ids = bool(self.vllm_extras) and await self.refresh_metrics() is not None
-        name = self.config.tokenizer or self.config.model
+            self.token_ids, self._ids_how = await self._decide_token_ids()
+        self._load_counting_tokenizer()
+
+    async def _detect_vllm(self) -> bool:
+        """:func:`engines.openai_server.is_vllm`; /metrics is read only when the model cards
+        do not already say vLLM."""
+        metrics = False
+        if self.server_version is not None and not self._owned_by_vllm:
+            scrapes = await self._scrape_all()
+            metrics = scrapes is not None and prom.combine(scrapes).vllm
+        return is_vllm(self.server_version, self._owned_by_vllm, metrics)
+
+    async def _decide_token_ids(self) -> tuple[bool, str]:
+        """--token-ids auto with nothing compared: ask for ids only where a vLLM server's
+        /metrics shows spec-decode counters (several tokens per event)."""
+        if not self.vllm_extras:
+            return False, "--token-ids auto: not a vLLM server (no ids to ask for)"
+        if await self.refresh_metrics() is None:
+            return False, "--token-ids auto: no spec-decode counters on the server's /metrics"
+        return True, "--token-ids auto: the server's /metrics shows spec-decode counters"
+
+    def _load_counting_tokenizer(self) -> None:
+        """The tokenizer that counts output when a server sends neither usage nor ids: one the
+        user named (``--tokenizer``, or ``--model`` given explicitly: option
+        ``count_with_model``), never a guess; else each text event counts one token."""
+        by_model = self.config.options.get("count_with_model")
+        name = self.config.tokenizer or (self.config.model if by_model else None)
         self._tokenizer = counting_tokenizer(name)
         self._tokenizer_path = name if self._tokenizer is not None else None
 
@@ -128,7 +160,7 @@ class OpenAIEngine(OpenAIFlags, Engine):
         served: list[str] | None = None
         for url in self.base_urls:
             try:
-                listed = await self._models(url)
+                listed, vllm = await get_models(self._session, url)
             except EngineError as e:
                 if self.served_model is None:
                     raise EngineError(
@@ -137,16 +169,14 @@ class OpenAIEngine(OpenAIFlags, Engine):
                 self._warn(f"{e}; requesting {self.served_model!r} by name")
                 continue
             served = listed if served is None else served
+            self._owned_by_vllm = self._owned_by_vllm or vllm
         if self.served_model is None:
             assert served is not None
-            if self.config.model in served:
-                self.served_model = self.config.model
-            elif served:
-                self.served_model = served[0]
-            else:
-                raise EngineError(
-                    f"openai: {self.base_urls[0]}/models lists no model; pass --served-model NAME"
-                )
+            self.served_model, self._model_how = pick_model(
+                self.config.model, served, self.base_urls[0]
+            )
+            if self.served_model != self.config.model:
+                log.warning("openai: requesting %r, %s", self.served_model, self._model_how)
         elif served is not None and self.served_model not in served:
             listed = ", ".join(served[:5]) or "nothing"
             self._warn(
@@ -166,6 +196,9 @@ class OpenAIEngine(OpenAIFlags, Engine):
             "base_urls": list(self.base_urls),
             "served_model": self.served_model,
             "vllm_extras": self.vllm_extras,
+            "token_ids": self.token_ids,  # as decided here: a worker does not decide again
+            "token_ids_why": self._ids_how,
+            "count_with_model": False,  # the tokenizer chosen here, or none
             "extra_body": dict(self.extra_body),
         }
         return replace(self.config, engine="openai", tokenizer=self._tokenizer_path, options=opts)
@@ -174,6 +207,7 @@ class OpenAIEngine(OpenAIFlags, Engine):
         return {
             "base_urls": list(self.base_urls),
             "served_model": self.served_model,
+            "served_model_from": self._model_how,
             "endpoint": self.endpoint or "auto (completions for prompts, chat for messages)",
             "server_version": self.server_version,
             "vllm_extras": self.vllm_extras,
@@ -208,7 +242,7 @@ class OpenAIEngine(OpenAIFlags, Engine):
             ) as resp:
                 if resp.status >= 400:
                     body = await resp.text(errors="replace")
-                    raise RequestFailed("http", _one_line(body) or resp.reason or "", resp.status)
+                    raise RequestFailed("http", one_line(body) or resp.reason or "", resp.status)
                 async for data, t in sse_events(resp, clock):
                     if data.strip() == DONE:
                         end.done = True
@@ -216,7 +250,7 @@ class OpenAIEngine(OpenAIFlags, Engine):
                     try:
                         obj = json.loads(data)
                     except ValueError as e:
-                        raise RequestFailed("bad sse", f"{e}: {_one_line(data, 80)}") from None
+                        raise RequestFailed("bad sse", f"{e}: {one_line(data, 80)}") from None
                     chunks = parse_event(obj, chat, t, steps)
                     end.see(chunks)
                     for chunk in chunks:
@@ -332,35 +366,6 @@ class OpenAIEngine(OpenAIFlags, Engine):
     # ---- helpers ---------------------------------------------------------------------------
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-
-    async def _models(self, url: str) -> list[str]:
-        assert self._session is not None
-        api = split_base_url(url)[1]
-        timeout = aiohttp.ClientTimeout(total=START_TIMEOUT)
-        try:
-            async with self._session.get(f"{api}/models", timeout=timeout) as resp:
-                if resp.status >= 400:
-                    body = _one_line(await resp.text(errors="replace"), 120)
-                    raise EngineError(f"openai: GET {api}/models answered {resp.status}: {body}")
-                data = (await resp.json(content_type=None)).get("data") or []
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError) as e:
-            raise EngineError(
-                f"openai: {api}/models does not answer: {_one_line(repr(e))}"
-            ) from None
-        self._owned_by_vllm = any(m.get("owned_by") == "vllm" for m in data)
-        return [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
-
-    async def _version(self, url: str) -> str | None:
-        assert self._session is not None
-        timeout = aiohttp.ClientTimeout(total=START_TIMEOUT)
-        try:
-            async with self._session.get(f"{split_base_url(url)[0]}/version", timeout=timeout) as r:
-                if r.status != 200:
-                    return None
-                v = (await r.json(content_type=None)).get("version")
-                return None if v is None else str(v)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError):
-            return None
 
     def _payload(self, request: Request, params: GenParams) -> tuple[str, dict[str, Any]]:
         endpoint = self.endpoint or ("chat" if request.messages is not None else "completions")

@@ -21,10 +21,12 @@ OPTIONS: dict[str, tuple[type, ...]] = {
     "request_timeout": (int, float),
     "max_concurrency": (int, type(None)),
     "vllm_extras": (bool, type(None)),
-    "token_ids": (
-        bool,
-        type(None),
-    ),  # ask a vLLM server for each chunk's token ids (return_token_ids)
+    # ask a vLLM server for each chunk's token ids (return_token_ids); None: decide at start
+    "token_ids": (bool, type(None)),
+    "token_ids_why": (str,),  # why token_ids is what it is (the record's token_ids_decided)
+    # the configured model is the one served (named by the user, or started by the harness):
+    # its local tokenizer counts output when the server sends neither usage nor token ids
+    "count_with_model": (bool,),
     "extra_body": (dict,),
 }
 ENDPOINTS = {"completions": "/completions", "chat": "/chat/completions"}

@@ -35,6 +35,7 @@ class Scrape:
     running: float | None
     waiting: float | None
     hist: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # name -> (sum, count)
+    vllm: bool = False  # some series is named ``vllm:...`` (a sign the server is vLLM)
 
 
 def _base(name: str) -> str:
@@ -50,8 +51,9 @@ def parse_metrics(text: str) -> Scrape:
     per_pos: dict[int, float] = {}
     gauges: dict[str, float] = {}
     hist: dict[str, list[float]] = {}
-    seen_spec = False
+    seen_spec = vllm = False
     for family in text_string_to_metric_families(text):
+        vllm = vllm or family.name.startswith("vllm:")
         short = HISTOGRAMS.get(family.name)
         for s in family.samples:
             if s.name.endswith("_created"):
@@ -86,6 +88,7 @@ def parse_metrics(text: str) -> Scrape:
         running=gauges.get("vllm:num_requests_running"),
         waiting=gauges.get("vllm:num_requests_waiting"),
         hist={k: (v[0], v[1]) for k, v in hist.items()},
+        vllm=vllm,
     )
 
 
@@ -108,7 +111,9 @@ def combine(scrapes: Iterable[Scrape]) -> Scrape:
     running: float | None = None
     waiting: float | None = None
     hist: dict[str, tuple[float, float]] = {}
+    vllm = False
     for s in scrapes:
+        vllm = vllm or s.vllm
         for k, (total, n) in s.hist.items():
             t0, n0 = hist.get(k, (0.0, 0.0))
             hist[k] = (t0 + total, n0 + n)
@@ -118,7 +123,7 @@ def combine(scrapes: Iterable[Scrape]) -> Scrape:
             running = (running or 0.0) + s.running
         if s.waiting is not None:
             waiting = (waiting or 0.0) + s.waiting
-    return Scrape(spec, running, waiting, hist)
+    return Scrape(spec, running, waiting, hist, vllm)
 
 
 async def scrape(

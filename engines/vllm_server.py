@@ -47,7 +47,9 @@ from workloads.base import Request
 
 # options of this engine; the rest of OPENAI_PASSTHROUGH reach the inner OpenAIEngine
 OPTIONS = ("log_path", "start_timeout", "kill_grace", "python")
-OPENAI_PASSTHROUGH = ("request_timeout", "endpoint", "max_concurrency", "extra_body", "token_ids")
+OPENAI_PASSTHROUGH = (
+    "request_timeout", "endpoint", "max_concurrency", "extra_body", "token_ids", "token_ids_why"
+)  # fmt: skip
 VERSION_SHIM = str(Path(__file__).with_name("_vllm_version"))
 SECRET_FLAGS = ("--api-key",)
 
@@ -296,6 +298,7 @@ class VLLMServerEngine(ManagedServerFlags, Engine):
         }
         opts["base_urls"] = [base_url]
         opts["api_key_env"] = "VLLM_SERVER_NO_KEY"  # never send the user's OPENAI_API_KEY
+        opts["count_with_model"] = True  # it serves config.model
         return EngineConfig(engine="openai", model=config.model, seed=config.seed, options=opts)
 
     def _defaults(self) -> dict[str, Any]:

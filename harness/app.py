@@ -22,6 +22,7 @@ from harness.plan_flags import (
     build_plan,
     load_dataset,
     model_names,
+    needs_local_models,
     resolve_dataset,
     resolve_models,
 )
@@ -55,7 +56,8 @@ def run_main(args: argparse.Namespace) -> int:
             workload = load_dataset(args, args.model)
         plan = build_plan(args, *model_names(args))  # every flag checked before models load
         out = output_dir(args)
-        plan = resolve_models(plan)
+        if needs_local_models(plan, args.dataset.synthetic, args.model_named):
+            plan = resolve_models(plan)
         if args.dataset.synthetic:  # made with the target's tokenizer
             workload = load_dataset(args, plan.model)
         plan = replace(plan, workload_fingerprint=workload.fingerprint)

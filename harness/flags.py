@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from harness import vllm_flags
-from harness.options import Parser, non_negative_int, positive_float, positive_int
+from harness.options import Given, Parser, non_negative_int, positive_float, positive_int
 from harness.plan_flags import DEFAULT_CONCURRENCY, DEFAULT_MAX_NEW_TOKENS
 
 # Repeats (blocks) are the unit of every CI (harness/stats.py). With a fresh engine instance per
@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--model",
         default="embedded",
+        action=Given,  # sets args.model_named
         help="HF id or local path of the target model; shipped: 'embedded' (default) = "
         "SmolLM2-135M-Instruct with its draft and EAGLE-3 head, 'tiny' = the 1M-parameter test pair",
     )
@@ -348,4 +349,5 @@ def build_parser() -> argparse.ArgumentParser:
         help="vllm-server, transformers-server: seconds to wait for /health",
     )
     vllm_flags.add_group(p)
+    p.set_defaults(model_named=False)
     return p

@@ -101,3 +101,19 @@ def positive_float(text: str) -> float:
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
         raise UsageError(message)
+
+
+class Given(argparse.Action):
+    """Stores the value and sets ``<dest>_named``: a flag given as its default value (``--model
+    embedded``) differs from one left out (``--engine openai`` counts tokens only with a model
+    the user named)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_named", True)

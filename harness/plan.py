@@ -208,8 +208,10 @@ NOT_MEASURED = frozenset(
         "save_vllm_json", "result_filename", "resume", "token_ids",
     }
 )  # fmt: skip
-# Engine options that only decide how long to wait for a server or where its key is.
-NOT_MEASURED_OPTIONS = frozenset({"start_timeout", "api_key_env", "api_key_file", "log_path"})
+# Engine options that only decide how long to wait for a server or where its key is, or say why.
+NOT_MEASURED_OPTIONS = frozenset(
+    {"start_timeout", "api_key_env", "api_key_file", "log_path", "token_ids_why"}
+)
 
 
 def measured(config: Mapping[str, Any]) -> dict[str, Any]:

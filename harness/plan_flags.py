@@ -159,8 +159,11 @@ def engine_options(
         "api_key_file": args.api_key_file,
         "served_model": args.served_model,
         "server_start_timeout": args.server_start_timeout,
-        "token_ids": _token_ids(getattr(args, "token_ids", "auto"), compares or speculative),
+        "model_named": getattr(args, "model_named", False),
     }
+    flags["token_ids"], flags["token_ids_why"] = _token_ids(
+        getattr(args, "token_ids", "auto"), compares or speculative
+    )
     options = {e: engine_class(e).options_from(flags, speculative) for e in engines}
     if urls and not any("base_url" in engine_class(e).run_flags for e in engines):
         takers = [n for n in REGISTRY if "base_url" in engine_class(n).run_flags]
@@ -171,13 +174,16 @@ def engine_options(
     return {e: o for e, o in options.items() if o}
 
 
-def _token_ids(flag: str, needed: bool) -> bool | None:
-    """on/off as forced; auto: True when the run compares outputs, else None: the engine asks
-    for ids only if its server speculates (several tokens per event)."""
+def _token_ids(flag: str, needed: bool) -> tuple[bool | None, str | None]:
+    """(whether to ask for ids, why): on/off as forced; auto: True when the run compares outputs
+    (a speculative variant, --aa, several engines), else None: the engine asks for ids only if
+    its server speculates (several tokens per event) and says why itself."""
     forced = TOKEN_IDS[flag]
     if forced is not None:
-        return forced
-    return True if needed else None
+        return forced, f"--token-ids {flag}"
+    if needed:
+        return True, "--token-ids auto: the run compares outputs"
+    return None, None
 
 
 def spec_config_arg(value: str | None) -> dict[str, Any] | None:
@@ -276,6 +282,16 @@ def model_names(args: argparse.Namespace) -> tuple[str, str | None, str | None]:
 
     draft = args.draft_model or companion(args.model, "draft")
     return args.model, draft, companion(args.model, "eagle3")
+
+
+def needs_local_models(plan: RunPlan, synthetic: bool, named: bool) -> bool:
+    """Whether the run's models must be local files (a shipped family assembled on first use):
+    an engine loads or starts one, a synthetic dataset is made with the target's tokenizer, or
+    the user named ``--model`` (its tokenizer then counts what a remote server does not). Only
+    servers given by URL (engines that take ``--base-url``) with the default ``--model`` on a
+    file workload need none: no foreign server serves the shipped default."""
+    remote = all("base_url" in engine_class(e).run_flags for e in plan.engines)
+    return named or synthetic or not remote
 
 
 def resolve_models(plan: RunPlan) -> RunPlan:

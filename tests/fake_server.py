@@ -128,6 +128,9 @@ class FakeServer:
     api_key: str | None = None  # when set, other bearer tokens get 401
     models_status: int | None = None  # /v1/models answers this error (transformers serve: 500)
     listed: list[str] | None = None  # what /v1/models lists (default: [model])
+    models_body: Any = None  # when set, /v1/models answers this JSON as it is
+    owned_by: str | None = None  # the model cards' owned_by (default: "vllm" if vllm else "fake")
+    version: bool | None = None  # serve /version (default: as vllm; SGLang serves it too)
     requests: list[Received] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -169,13 +172,15 @@ class FakeServer:
     async def _models(self, request: web.Request) -> web.Response:
         if self.models_status is not None:
             return web.Response(text="Internal Server Error", status=self.models_status)
-        owner = "vllm" if self.vllm else "fake"
+        if self.models_body is not None:
+            return web.json_response(self.models_body)
+        owner = self.owned_by or ("vllm" if self.vllm else "fake")
         names = [self.model] if self.listed is None else self.listed
         data = [{"id": m, "object": "model", "owned_by": owner} for m in names]
         return web.json_response({"object": "list", "data": data})
 
     async def _version(self, request: web.Request) -> web.Response:
-        if not self.vllm:
+        if not (self.vllm if self.version is None else self.version):
             raise web.HTTPNotFound()
         return web.json_response({"version": "0.0.0-fake"})
 

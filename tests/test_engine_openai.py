@@ -438,29 +438,6 @@ def test_first_token_is_the_first_chunk_with_output() -> None:
     _run(b, body, {"vllm": False})
 
 
-def test_tokenizer_counts_when_the_server_sends_no_usage(embedded_pair) -> None:
-    from tokenizers import Tokenizer
-
-    target = embedded_pair[0]
-    tok = Tokenizer.from_file(f"{target}/tokenizer.json")
-    expected = len(tok.encode("".join(f"t{k} " for k in range(5)), add_special_tokens=False).ids)
-
-    async def main() -> None:
-        async with FakeServer(Behaviour(tokens=5, token_ids=False, usage=False)) as url:
-            cfg = EngineConfig(engine="openai", model=target, options={"base_urls": [url]})
-            engine = OpenAIEngine(cfg)
-            await engine.start()
-            try:
-                chunks = await _collect(engine)
-            finally:
-                await engine.close()
-        assert chunks[-1].usage_output_tokens == expected != 5
-        assert chunks[-1].info["output_tokens_from"] == "tokenizer (the server sent no usage)"
-        assert engine.describe()["tokenizer_for_counts"] == target
-
-    asyncio.run(main())
-
-
 @pytest.mark.parametrize(
     ("server_kw", "served", "warned"),
     [

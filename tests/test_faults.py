@@ -305,6 +305,8 @@ def test_one_variant_on_a_speculating_server_asks_for_token_ids(tmp_path, capsys
     assert code == 0, capsys.readouterr().err
     (run,) = json.loads((out / "results.json").read_text())["runs"]
     assert run["engine_info"]["token_ids_asked"] is True
-    assert run["engine_info"]["token_ids_decided"] == "by the server's spec counters"
+    assert run["engine_info"]["token_ids_decided"] == (
+        "--token-ids auto: the server's /metrics shows spec-decode counters"
+    )
     assert all(r.body["return_token_ids"] is True for r in server.requests)
     assert all(r["output_token_ids"] is not None for r in run["records"] if r["ok"])
