@@ -275,6 +275,9 @@ def test_token_ids_asked_only_when_the_run_compares_outputs(tmp_path, capsys):
     assert all(r.body["ignore_eos"] is True for r in bodies)
     (run,) = res["runs"]
     assert run["engine_info"]["token_ids_asked"] is False
+    assert run["engine_info"]["token_ids_decided"] == (
+        "--token-ids auto: no spec-decode counters on the server's /metrics"
+    )
     ok = [r for r in run["records"] if r["ok"]]
     assert len(ok) == 4 and all(
         r["output_tokens"] == 6 and r["output_token_ids"] is None for r in ok
@@ -285,6 +288,8 @@ def test_token_ids_asked_only_when_the_run_compares_outputs(tmp_path, capsys):
     res, out, bodies = runs["two"]
     assert all(r.body["return_token_ids"] is True for r in bodies)
     assert {r["engine_info"]["token_ids_asked"] for r in res["runs"]} == {True}
+    why = {r["engine_info"]["token_ids_decided"] for r in res["runs"]}
+    assert why == {"--token-ids auto: the run compares outputs"}  # not "flag"
     assert [c["identical"] for c in res["lossless"]] == [4]
     assert "no token ids" not in (out / "summary.md").read_text()
     res, out, bodies = runs["off"]
