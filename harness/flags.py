@@ -299,7 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--served-model",
         "--served-model-name",
         default=None,
-        help="model name to request (default: the first of /v1/models)",
+        help="model name to request (default: --model if /v1/models lists it, else the one "
+        "model listed; with several listed, pass this)",
     )
     h.add_argument(
         "--endpoint",
