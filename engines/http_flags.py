@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from engines.base import EngineConfig, EngineError
+from engines.openai_options import split_base_url
 
 # The neutral run-level settings (``None`` when a flag was not given):
 #   base_url: [URL, ...] (normalised to .../v1), variant_urls: {label: [URL, ...]} | None,
@@ -97,20 +98,32 @@ def variant_urls(configs: Sequence[tuple[str, EngineConfig]]) -> list[tuple[str,
     return out
 
 
+PROBE_TIMEOUT_S = 10.0
+
+
 def probe_urls(config: EngineConfig) -> None:
-    """Each base URL must answer before the run starts (a typo costs seconds, not a run)."""
+    """Each base URL must answer before the run starts (a typo costs seconds, not a run). Any
+    HTTP answer, of any status, from the server's root or its ``/v1/models`` means it is there
+    (transformers serve answers 500 on /v1/models, a hosted API 401 without a key); only no
+    answer from either (refused, unknown host, timed out, reset) stops the run."""
     import urllib.error
     import urllib.request
 
     for url in config.options.get("base_urls", ()):
-        try:
-            with urllib.request.urlopen(url.rstrip("/") + "/models", timeout=10):
-                pass
-        except urllib.error.HTTPError:
-            pass  # it answers (an auth error is the engine's to report with the key)
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise EngineError(f"--base-url: {url} does not answer ({reason})") from None
+        root, api = split_base_url(url)
+        reason: object = None
+        for probe in (root + "/", api + "/models"):
+            try:
+                with urllib.request.urlopen(probe, timeout=PROBE_TIMEOUT_S):
+                    pass
+            except urllib.error.HTTPError:
+                pass  # it answers (an auth error is the engine's to report with the key)
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                reason = reason or getattr(exc, "reason", exc)
+                continue
+            break
+        else:
+            raise EngineError(f"--base-url: {url} does not answer ({reason})")
 
 
 class OpenAIFlags:

@@ -127,6 +127,7 @@ class FakeServer:
     metrics: str | Callable[[], str] | None = None  # /metrics text; None -> 404
     api_key: str | None = None  # when set, other bearer tokens get 401
     models_status: int | None = None  # /v1/models answers this error (transformers serve: 500)
+    models_reset: bool = False  # /v1/models drops the connection without an answer
     listed: list[str] | None = None  # what /v1/models lists (default: [model])
     models_body: Any = None  # when set, /v1/models answers this JSON as it is
     owned_by: str | None = None  # the model cards' owned_by (default: "vllm" if vllm else "fake")
@@ -170,6 +171,8 @@ class FakeServer:
         return web.Response(text="")
 
     async def _models(self, request: web.Request) -> web.Response:
+        if self.models_reset and request.transport is not None:
+            request.transport.abort()
         if self.models_status is not None:
             return web.Response(text="Internal Server Error", status=self.models_status)
         if self.models_body is not None:

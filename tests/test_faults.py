@@ -151,6 +151,23 @@ def test_unreachable_base_url_is_a_one_line_error(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_a_server_that_never_answers_is_a_one_line_error(tmp_path, capsys, monkeypatch):
+    """A port that accepts connections and says nothing, neither at its root nor on /v1/models."""
+    import socket
+
+    import engines.http_flags
+
+    monkeypatch.setattr(engines.http_flags, "PROBE_TIMEOUT_S", 0.2)
+    with socket.socket() as mute:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen()
+        url = f"http://127.0.0.1:{mute.getsockname()[1]}/v1"
+        code, out = run_harness(tmp_path, url, 3, "--served-model", "fake-model")
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and "does not answer (timed out)" in err, err
+    assert not out.exists()
+
+
 @pytest.mark.slow
 def test_a_thousand_streams_in_flight(tmp_path, capsys):
     server = FakeServer(Behaviour(tokens=4, delay=0.05))
@@ -216,6 +233,20 @@ def test_engine_that_cannot_start_exits_nonzero(tmp_path, capsys):
     (run,) = json.loads((out / "results.json").read_text())["runs"]
     assert run["summary"]["completed"] == 4
     assert "answered 500" in run["engine_info"]["warnings"][0]
+
+
+def test_a_server_whose_model_listing_fails_still_runs_with_served_model(tmp_path, capsys):
+    """/v1/models drops the connection: the server is alive (its root answers, 404), so the run
+    goes on with --served-model (a warning in engine_info) and says to pass it without."""
+    with ServerThread(FakeServer(OK, models_reset=True)) as url:
+        code, out = run_harness(tmp_path, url, 4, "--served-model", "fake-model")
+        assert code == 0, capsys.readouterr().err
+        (run,) = json.loads((out / "results.json").read_text())["runs"]
+        assert run["summary"]["completed"] == 4
+        assert "/models does not answer" in run["engine_info"]["warnings"][0]
+        code, out = run_harness(tmp_path, url, 4)
+    err = capsys.readouterr().err
+    assert code == 1 and "does not answer" in err and "--served-model" in err
 
 
 def test_server_metrics_read_at_run_edges_unless_sampling_is_asked(tmp_path, capsys):
