@@ -27,6 +27,7 @@ from harness.plan_flags import (
     resolve_models,
 )
 from harness.preflight import (
+    check_endpoint,
     check_models,
     check_resume,
     check_servers,
@@ -64,6 +65,7 @@ def run_main(args: argparse.Namespace) -> int:
         check_resume(plan, out)
         configs = variant_servers(plan.engine_configs(engine_methods(plan)))
         check_models(plan)
+        check_endpoint(configs, workload.requests)
         check_servers(configs)
         validate_configs(plan, configs)
     except (UsageError, PlanError, EngineError, WorkloadError) as exc:

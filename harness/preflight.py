@@ -6,12 +6,16 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engines.base import EngineConfig, engine_class
 from harness.options import UsageError
 from harness.plan import RunPlan
+
+if TYPE_CHECKING:
+    from workloads.base import Request
 
 
 def _model_config(path: str | None) -> dict[str, Any] | None:
@@ -60,6 +64,19 @@ def check_servers(configs: list[tuple[str, EngineConfig]]) -> None:
         if key not in seen:
             seen.add(key)
             engine_class(c.engine).probe(c)
+
+
+def check_endpoint(configs: list[tuple[str, EngineConfig]], requests: Sequence[Request]) -> None:
+    """``--endpoint completions`` sends a text prompt: chat messages are refused before the run
+    (each request would fail); ``--endpoint chat`` wraps a plain prompt as one user message."""
+    if not any(c.options.get("endpoint") == "completions" for _, c in configs):
+        return
+    chat = next((r for r in requests if r.messages is not None), None)
+    if chat is not None:
+        raise UsageError(
+            f"{chat.source or chat.id}: messages: --endpoint completions sends a text prompt and "
+            "this workload holds chat messages; use --endpoint chat (or leave --endpoint unset)"
+        )
 
 
 def variant_servers(configs: list[tuple[str, EngineConfig]]) -> list[tuple[str, EngineConfig]]:

@@ -150,6 +150,34 @@ CASES = {
         ],
         ["--base-url", "label every URL"],
     ),  # fmt: skip
+    "chat workload to completions": (
+        [
+            "--model",
+            "tiny",
+            "--engine",
+            "openai",
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+            "--endpoint",
+            "completions",
+            "--workload",
+            "{w:chat.jsonl}",
+        ],
+        ["chat.jsonl:2: messages", "--endpoint chat"],
+    ),  # fmt: skip
+    "default workload to completions": (
+        [
+            "--model",
+            "tiny",
+            "--engine",
+            "openai",
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+            "--endpoint",
+            "completions",
+        ],
+        ["default.jsonl:1: messages", "--endpoint chat"],
+    ),  # fmt: skip
     "aa with spec": (["--aa", "--spec"], ["--aa", "drop --spec"]),
     "bad goodput": (["--goodput", "ttft=5"], ["--goodput"]),
     "bad mode": (["--mode", "fast"], ["--mode", "fast"]),
@@ -187,6 +215,7 @@ FILES = {
     "empty.jsonl": "",
     "latin.jsonl": b'{"id": 1, "prompt": "caf\xe9"}\n',
     "share.json": json.dumps([{"id": "a", "conversations": [{"from": "gpt", "value": "hi"}]}]),
+    "chat.jsonl": '{"id": 1, "prompt": "a"}\n{"id": 2, "messages": [{"role": "user", "content": "b"}]}\n',
     "zero.jsonl": '{"id": 1, "prompt": "a", "max_new_tokens": 0}\n',
     "spec_bad.json": '{\n "method": "ngram",\n}\n',
     "spec_gap.json": json.dumps(
