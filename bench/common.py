@@ -35,7 +35,9 @@ class Headline:
     verdict: str = "-"  # "met" | "missed" | "inconclusive" | "-" (no value)
 
 
-def ratio_headline(label: str, rs: Sequence[float], lo: float, hi: float, target: str) -> Headline:
+def ratio_headline(
+    label: str, rs: Sequence[float], lo: float, hi: float, target: str, unit: str = "pairs"
+) -> Headline:
     """The median of per-pair ratios against the band [lo, hi]: "met" only when its 95% CI lies
     inside the band, "missed" when the CI lies outside it, else "inconclusive" (the CI reaches
     across a band edge, or there are too few pairs for a 95% CI)."""
@@ -44,10 +46,10 @@ def ratio_headline(label: str, rs: Sequence[float], lo: float, hi: float, target
         return Headline(label, None, target, None)
     ci = median_ci(rs)
     if ci is None:
-        detail = f"{len(rs)} pairs: too few for a 95% CI of the median"
+        detail = f"{len(rs)} {unit}: too few for a 95% CI of the median"
         return Headline(label, m, target, None, detail, "inconclusive")
     c_lo, c_hi, level = ci
-    detail = f"{level:.1%} CI of the median [{c_lo:.3f}, {c_hi:.3f}], {len(rs)} pairs"
+    detail = f"{level:.1%} CI of the median [{c_lo:.3f}, {c_hi:.3f}], {len(rs)} {unit}"
     if lo <= c_lo and c_hi <= hi:
         return Headline(label, m, target, True, detail, "met")
     if c_hi < lo or c_lo > hi:

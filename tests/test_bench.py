@@ -196,6 +196,9 @@ def test_fidelity_analysis_reads_back_the_saved_runs(tmp_path) -> None:
     body, heads = analyse(runs)
     assert [h.verdict for h in heads] == ["met", "met", "met"]
     assert heads[0].value == pytest.approx(0.98, abs=0.02)
+    assert heads[0].detail.endswith("30 A B B A blocks")  # two sides: rounds merged in twos
+    three = runs | {"sampled": runs["harness"]}
+    assert analyse(three)[1][0].detail.endswith("60 rounds")  # three sides rotate: single rounds
     assert "contains 1: equal within noise" in body[1]
     assert "harness 2.0 ms, vllm bench 5.0 ms" in body[3]  # each client's TTFT over the server's
     assert "-3.0 .. -3.0 ms" in body[3]
