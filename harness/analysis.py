@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from harness.design import SEQUENTIAL, design_of
+from harness.design import SEPARATE, SEQUENTIAL, design_of
 from harness.records import RequestRecord
 from harness.results import Run
 from harness.stats import (
@@ -31,9 +31,20 @@ METRICS = ("output_tok_s", *LATENCIES)
 
 # Each variant's repeats back to back: a shift of the machine between the blocks is confounded
 # with the variant (3% drift -> 73% false "slower" in simulation), so no CI over repeats covers
-# it and no paired verdict is claimed (DESIGN.md, rule 1). The estimate is still shown.
-UNPAIRED_DESIGNS = (SEQUENTIAL, "mixed")
+# it and no paired verdict is claimed (DESIGN.md, rule 1). The estimate is still shown. Runs of
+# separate sessions (``compare`` of two files run one after the other) are the extreme case.
+UNPAIRED_DESIGNS = (SEQUENTIAL, "mixed", SEPARATE)
 UNPAIRED = "n/a (sequential design)"
+
+
+def pair_design(runs: Iterable[Run]) -> str:
+    """How a pair's runs were scheduled: SEPARATE when they come from more than one session
+    (a run without a session marker belongs to whichever its file holds), else their design
+    (harness.design.design_of)."""
+    runs = list(runs)
+    if len({r.session for r in runs if r.session is not None}) > 1:
+        return SEPARATE
+    return design_of(r.schedule for r in runs)
 
 
 def deciding_metric(mode: str, load: Mapping[str, Any]) -> str:
@@ -145,7 +156,7 @@ def comparisons(runs: Sequence[Run], *, min_effect: float = 0.02, seed: int = 0)
         decides      True on the metric that decides this pair at this point: output_tok_s
                      in closed loop, e2e at a --request-rate (see deciding_metric)
         design       how the pair's runs were scheduled (harness.design: "interleaved",
-                     "sequential", "mixed", "unknown")
+                     "sequential", "mixed", "unknown", "separate sessions")
         (harness.derived adds ``id`` and ``lossless``, the index of the pair's output check)
     """
     del seed
@@ -162,7 +173,7 @@ def comparisons(runs: Sequence[Run], *, min_effect: float = 0.02, seed: int = 0)
         decides = deciding_metric(cell.mode, cell.load)
         for (b_engine, b_label), base in pairs:
             ratios = compare_groups(base, cand, min_effect=min_effect)
-            design = design_of(r.schedule for r in (*base, *cand))
+            design = pair_design((*base, *cand))
             for metric, comp in ratios.items():
                 if design in UNPAIRED_DESIGNS:
                     comp = replace(comp, lo=None, hi=None, verdict=UNPAIRED)

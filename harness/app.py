@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from engines.base import EngineConfig, EngineError, engine_class
 from harness.finalize import finalize
-from harness.journal import Journal, runs_from_journal
+from harness.journal import Journal, new_session_id, recorded_session, runs_from_journal
 from harness.options import UsageError
 from harness.plan import PlanError, RunPlan
 from harness.plan_flags import (
@@ -92,6 +92,11 @@ async def _execute(
     journal = Journal(out / "journal.jsonl")
     if not plan.resume:  # what --resume compares with (harness.preflight.check_resume)
         journal.write("config", {"config": plan.to_json()})
+    # one session marker for the run and every --resume of it: compare pairs within it only
+    session_id = recorded_session(out / "journal.jsonl") if plan.resume else None
+    if session_id is None:
+        session_id = new_session_id()
+        journal.write("session", {"session": session_id})
     session = Session(
         plan,
         workload.requests,
@@ -144,7 +149,7 @@ async def _execute(
     elif session.stop:
         status = f"stopped: {session.stop.reason}"
     design = session.design_record([f"{c.engine}/{label}" for label, c in configs])
-    results = finalize(out, plan, workload, runs, status, design=design)
+    results = finalize(out, plan, workload, runs, status, design=design, session=session_id)
     if plan.save_vllm_json:
         from harness.vllm_json import export_dir
 

@@ -15,8 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from harness.analysis import UNPAIRED, UNPAIRED_DESIGNS, compare_groups, group_runs
-from harness.design import design_of
+from harness.analysis import UNPAIRED, UNPAIRED_DESIGNS, compare_groups, group_runs, pair_design
 from harness.records import RequestRecord
 from harness.results import Run
 
@@ -70,7 +69,7 @@ def category_tables(
         base = groups.get((engine, "baseline", *point))
         if label == "baseline" or base is None or cand[0].cell.mode != "latency":
             continue
-        design = design_of(r.schedule for r in (*base, *cand))
+        design = pair_design((*base, *cand))
         cells: dict[str, Any] = {}
         for cat in [*cats, OVERALL]:
             ids = (

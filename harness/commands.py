@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.journal import atomic_write
 from harness.options import Parser, UsageError
 from harness.results import SCHEMA_VERSION, with_config
 
@@ -126,10 +128,13 @@ def compare(argv: Sequence[str]) -> int:
     p.add_argument("results", nargs="+", help="two or more results.json files")
     p.add_argument("--force", action="store_true", help="compare even across different prompt sets")
     p.add_argument("--min-effect", type=float, default=0.02)
+    p.add_argument("--json", default=None, help="also write the joined runs and their analysis "
+                   "to this file (report reads it)")  # fmt: skip
     args = p.parse_args(argv)
     if len(args.results) < 2:
         raise UsageError("compare: give at least two results files")
     files = [load_results(f) for f in args.results]
+    sessions = [_file_session(f) for f in files]
     _align_vllm_runs(files)
     prints = {f.get("workload", {}).get("fingerprint") for f in files} - {None}
     if len(prints) > 1 and not args.force:
@@ -141,9 +146,10 @@ def compare(argv: Sequence[str]) -> int:
             f"compare: the files ran different prompt sets ({names}); pass --force to compare anyway"
         )
     runs_json = []
-    for tag, f in zip(_tags(args.results), files):
+    for tag, f, session in zip(_tags(args.results), files, sessions):
         for r in f["runs"]:
-            runs_json.append({**r, "engine": f"{r['engine']}@{tag}"})
+            tagged = {"engine": f"{r['engine']}@{tag}", "session": r.get("session") or session}
+            runs_json.append({**r, **tagged})
     runs = [Run.from_json(r) for r in runs_json]
     setups = sorted({(str(r.cell.model), str(r.cell.temperature)) for r in runs})
     if len(setups) > 1:
@@ -166,8 +172,19 @@ def compare(argv: Sequence[str]) -> int:
         categories=(files[0].get("workload") or {}).get("categories"),
     )
     rest = {k: v for k, v in files[0].items() if k not in KEYS and k != "upgraded_from"}
-    print(render({**rest, "runs": runs_json, **derived}))
+    joined = {**rest, "runs": runs_json, **derived}
+    if args.json:
+        atomic_write(Path(args.json), json.dumps(joined, indent=1))
+    print(render(joined))
     return 0
+
+
+def _file_session(data: dict[str, Any]) -> str:
+    """The session of a file's runs that carry no marker (written before it, or by vLLM's
+    bench): the file's own, named by its runs' content, so that a file compared with itself
+    (or a copy) is one session and two files run one after the other are two."""
+    runs = json.dumps(data.get("runs"), sort_keys=True, default=str).encode()
+    return f"file {hashlib.sha256(runs).hexdigest()[:16]}"
 
 
 def _tags(paths: Sequence[str]) -> list[str]:

@@ -32,6 +32,9 @@ from workloads.base import Request
 
 INTERLEAVED = "interleaved"
 SEQUENTIAL = "sequential"
+# runs of separate sessions (two files written one after the other, a vLLM bench file): never
+# interleaved with each other, whatever each session's own design was
+SEPARATE = "separate sessions"
 PREFIX_CACHE_POLICIES = ("reset", "off", "keep")
 AA_LABEL = "baseline-aa"  # --aa: the baseline configuration again, as a candidate
 

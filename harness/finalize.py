@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from harness.journal import atomic_write
+from harness.journal import atomic_write, new_session_id
 from harness.plan import RunPlan
 from harness.results import SCHEMA_VERSION, Run, environment
 
@@ -43,11 +44,16 @@ def finalize(
     runs: list[Run],
     status: str,
     design: dict[str, Any] | None = None,
+    session: str | None = None,
 ) -> dict[str, Any]:
     """Derive every number once (:func:`harness.derived.analyze`), write results.json
-    (atomically), then summary.md and plots from it alone."""
+    (atomically), then summary.md and plots from it alone. Every run is marked with ``session``
+    (a new one if None): all ran in one interleaved schedule, which ``compare`` pairs within."""
     from harness.derived import analyze, run_summaries
     from harness.markdown import render
+
+    session = session or new_session_id()
+    runs = [replace(r, session=session) for r in runs]
 
     goodput = None if plan.goodput is None else dict(plan.goodput)
     summaries = run_summaries(runs, goodput, plan.metric_percentiles)

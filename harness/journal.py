@@ -3,9 +3,11 @@ so that nothing finished is ever lost and ``--resume`` can rebuild the runs that
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import tempfile
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -63,6 +65,19 @@ def read_journal(path: Path) -> Iterator[dict[str, Any]]:
 def recorded_config(path: Path) -> dict[str, Any] | None:
     """The config the journal's run was started with (its first "config" entry), else None."""
     return next((e["config"] for e in read_journal(path) if e.get("kind") == "config"), None)
+
+
+def new_session_id() -> str:
+    """The marker of one interleaved session (a run and its ``--resume``): its UTC start and a
+    random part, so two runs started in the same second still differ."""
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{now}-{uuid.uuid4().hex[:8]}"
+
+
+def recorded_session(path: Path) -> str | None:
+    """The session a journal's runs belong to (its "session" entry), else None (a journal
+    written before sessions were marked)."""
+    return next((e["session"] for e in read_journal(path) if e.get("kind") == "session"), None)
 
 
 def runs_from_journal(path: Path) -> tuple[list[Run], set[str]]:

@@ -20,7 +20,7 @@ from harness.columns import (
     method_tag,
     percentile_columns,
 )
-from harness.design import PER_BLOCK
+from harness.design import PER_BLOCK, SEPARATE
 from harness.results import PACKAGES
 
 FOOTNOTE = (
@@ -64,6 +64,12 @@ def _instances_phrase(instances: Mapping[str, str]) -> str:
     return f"Engines: one instance for the whole run ({ones}): instance effect not in the CI. "
 
 
+SEPARATE_NOTE = (
+    "Runs of separate sessions (files run one after the other) were not interleaved, so their "
+    "pairs show the estimate only, CI n/a (sequential design)."
+)
+
+
 def _design_lines(results: Mapping[str, Any]) -> list[str]:
     """The design (harness.design) and what each engine's cache got before its measured runs."""
     design = results.get("design")
@@ -97,6 +103,8 @@ def render(results: Mapping[str, Any]) -> str:
         f"({wl.get('num_requests', '?')} prompts)."
     )
     lines += _design_lines(results)
+    if any(c.get("design") == SEPARATE for c in comps):  # compare of files run one after another
+        lines += ["", SEPARATE_NOTE]
     if results.get("upgraded_from"):
         lines += ["", f"(A schema {results['upgraded_from']} file: derived numbers recomputed.)"]
     if results.get("status") not in (None, "complete"):

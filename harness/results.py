@@ -106,6 +106,9 @@ class Run:
     status: str = "ok"  # "ok", "unsupported (...)", "failed: ...", "interrupted"
     extra: Mapping[str, Any] = field(default_factory=dict)  # server load samples, step costs
     schedule: Slot | None = None  # where the run sat in the design (block = pairing unit)
+    # the interleaved schedule the run was part of: one harness process and its --resume
+    # (harness.journal.new_session_id); None in files written before it (one session a file)
+    session: str | None = None
 
     @property
     def variant(self) -> str:
@@ -131,6 +134,7 @@ class Run:
             "load": dict(c.load),
             "repeat": c.repeat,
             "schedule": None if self.schedule is None else self.schedule.to_json(),
+            "session": self.session,
             "status": self.status,
             "engine_info": dict(self.engine_info),
             "extra": dict(self.extra),
@@ -151,6 +155,7 @@ class Run:
             status=d.get("status", "ok"),
             extra=d.get("extra") or {},
             schedule=Slot.from_json(d.get("schedule")),
+            session=d.get("session"),
         )
 
 

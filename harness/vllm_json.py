@@ -172,6 +172,7 @@ def to_run(d: Mapping[str, Any], index: int = 0) -> dict[str, Any]:
         "max_new_tokens": int(mnt),
         "load": load,
         "repeat": int(d.get("run_number", index) or 0),
+        "session": d.get("harness_session"),  # the harness's export; vLLM's own: None
         "status": "ok",
         "engine_info": {
             "source": "vllm bench serve",
@@ -264,6 +265,7 @@ def from_run(results: Mapping[str, Any], run: Mapping[str, Any]) -> dict[str, An
         "errors": [r.get("error") or "" for r in recs],
         # the harness's own names, for whoever reads the file next
         "harness_key": run.get("key"),
+        "harness_session": run.get("session"),  # compare pairs runs of one session only
         "mode": run.get("mode"),
         "spec_method": run["label"],
         "max_new_tokens": run.get("max_new_tokens"),
