@@ -23,12 +23,17 @@ from engines.openai_options import split_base_url
 #   server_start_timeout, token_ids (True: the run needs each chunk's token ids, it compares
 #   outputs or a speculative variant streams several tokens per event; False: forced off;
 #   None: the client asks only if its server speculates), token_ids_why (the reason, recorded),
-#   model_named (the user gave --model: a remote server serves it, so its tokenizer may count)
+#   model_named (the user gave --model: a remote server serves it, so its tokenizer may count),
+#   ignore_eos (the run asks it: a client warns where its server is not sent it),
+#   extra_body ({...} merged into every request body: --extra-body)
 RunFlags = Mapping[str, Any]
 
 CLIENT_FLAGS = frozenset(
-    {"request_timeout", "max_concurrency", "endpoint", "token_ids", "token_ids_why"}
-)
+    {
+        "request_timeout", "max_concurrency", "endpoint", "token_ids", "token_ids_why",
+        "ignore_eos", "extra_body",
+    }
+)  # fmt: skip
 OPENAI_FLAGS = CLIENT_FLAGS | {
     "base_url", "api_key_env", "api_key_file", "served_model", "model_named"
 }  # fmt: skip
@@ -37,7 +42,7 @@ SERVER_FLAGS = CLIENT_FLAGS | {"server_start_timeout"}
 
 def client_options(flags: RunFlags) -> dict[str, Any]:
     """What every HTTP client takes: the request timeout, the most in flight, the endpoint,
-    whether to ask for token ids."""
+    whether to ask for token ids, --ignore-eos (to warn where unsent), --extra-body."""
     out = {"request_timeout": flags["request_timeout"], "max_concurrency": flags["max_concurrency"]}
     if flags.get("endpoint") is not None:
         out["endpoint"] = flags["endpoint"]
@@ -45,6 +50,10 @@ def client_options(flags: RunFlags) -> dict[str, Any]:
         out["token_ids"] = flags["token_ids"]
         if flags.get("token_ids_why"):
             out["token_ids_why"] = flags["token_ids_why"]
+    if flags.get("ignore_eos"):
+        out["ignore_eos"] = True
+    if flags.get("extra_body"):
+        out["extra_body"] = dict(flags["extra_body"])
     return out
 
 

@@ -44,6 +44,7 @@ from engines.local_model import counting_tokenizer
 from engines.openai_options import (
     ENDPOINTS,
     OPTIONS,
+    ignore_eos_unsent,
     read_api_key,
     split_base_url,
     validate_options,
@@ -122,6 +123,8 @@ class OpenAIEngine(OpenAIFlags, Engine):
         self.server_version = await get_version(self._session, self.base_urls[0])
         if self.vllm_extras is None:
             self.vllm_extras = await self._detect_vllm()
+        if eos := ignore_eos_unsent(self.config.options, self.vllm_extras, self.extra_body):
+            self._warn(eos)
         if self.token_ids is None:  # a speculating server sends several tokens per event
             self.token_ids, self._ids_how = await self._decide_token_ids()
         self._load_counting_tokenizer()

@@ -27,7 +27,8 @@ OPTIONS: dict[str, tuple[type, ...]] = {
     # the configured model is the one served (named by the user, or started by the harness):
     # its local tokenizer counts output when the server sends neither usage nor token ids
     "count_with_model": (bool,),
-    "extra_body": (dict,),
+    "extra_body": (dict,),  # merged into every request body (--extra-body)
+    "ignore_eos": (bool,),  # the run asks ignore_eos: warned at start where it is not sent
 }
 ENDPOINTS = {"completions": "/completions", "chat": "/chat/completions"}
 
@@ -68,6 +69,18 @@ def validate_options(opts: Mapping[str, Any]) -> None:
     key_file = opts.get("api_key_file")
     if key_file is not None and not Path(key_file).is_file():
         raise EngineError(f"openai: api_key_file {key_file} does not exist")
+
+
+def ignore_eos_unsent(opts: Mapping[str, Any], vllm: bool, extra: Mapping[str, Any]) -> str | None:
+    """The warning when the run asks ``--ignore-eos`` and this server will not get it: only a
+    vLLM server is sent ``ignore_eos`` (others may answer 422 to an unknown field), so outputs
+    may stop at EOS, shorter than on a server that got it; ``--extra-body`` sends it anyway."""
+    if not opts.get("ignore_eos") or vllm or "ignore_eos" in extra:
+        return None
+    return (
+        "--ignore-eos not sent (not a vLLM server): outputs may end at EOS, shorter than where "
+        "it was sent; --extra-body '{\"ignore_eos\": true}' sends it to a server that takes it"
+    )
 
 
 def read_api_key(opts: Mapping[str, Any]) -> str | None:

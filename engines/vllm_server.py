@@ -48,7 +48,8 @@ from workloads.base import Request
 # options of this engine; the rest of OPENAI_PASSTHROUGH reach the inner OpenAIEngine
 OPTIONS = ("log_path", "start_timeout", "kill_grace", "python")
 OPENAI_PASSTHROUGH = (
-    "request_timeout", "endpoint", "max_concurrency", "extra_body", "token_ids", "token_ids_why"
+    "request_timeout", "endpoint", "max_concurrency", "extra_body", "token_ids", "token_ids_why",
+    "ignore_eos",
 )  # fmt: skip
 VERSION_SHIM = str(Path(__file__).with_name("_vllm_version"))
 SECRET_FLAGS = ("--api-key",)

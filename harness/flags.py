@@ -310,6 +310,13 @@ def build_parser() -> argparse.ArgumentParser:
         "default: completions for prompts, chat for messages",
     )
     h.add_argument(
+        "--extra-body",
+        default=None,
+        metavar="JSON",
+        help="a JSON object merged into every request body of the HTTP engines (recorded in the "
+        """config), e.g. '{"ignore_eos": true}' for a server that takes it but is not vLLM""",
+    )
+    h.add_argument(
         "--request-timeout",
         type=positive_float,
         default=600.0,

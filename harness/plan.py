@@ -208,9 +208,10 @@ NOT_MEASURED = frozenset(
         "save_vllm_json", "result_filename", "resume", "token_ids",
     }
 )  # fmt: skip
-# Engine options that only decide how long to wait for a server or where its key is, or say why.
+# Engine options that only decide how long to wait for a server or where its key is, or say why,
+# or repeat a setting compared above (ignore_eos: each HTTP client warns where it is not sent).
 NOT_MEASURED_OPTIONS = frozenset(
-    {"start_timeout", "api_key_env", "api_key_file", "log_path", "token_ids_why"}
+    {"start_timeout", "api_key_env", "api_key_file", "log_path", "token_ids_why", "ignore_eos"}
 )
 
 

@@ -160,6 +160,8 @@ def engine_options(
         "served_model": args.served_model,
         "server_start_timeout": args.server_start_timeout,
         "model_named": getattr(args, "model_named", False),
+        "ignore_eos": args.ignore_eos,
+        "extra_body": json_arg("--extra-body", getattr(args, "extra_body", None)),
     }
     flags["token_ids"], flags["token_ids_why"] = _token_ids(
         getattr(args, "token_ids", "auto"), compares or speculative
@@ -171,6 +173,11 @@ def engine_options(
         raise UsageError(
             f"--base-url is for --engine {' or '.join(takers)} ({', '.join(own)} start their own)"
         )
+    if flags["extra_body"] is not None and not any(
+        "extra_body" in engine_class(e).run_flags for e in engines
+    ):
+        takers = [n for n in REGISTRY if "extra_body" in engine_class(n).run_flags]
+        raise UsageError(f"--extra-body is for the HTTP engines ({', '.join(takers)})")
     return {e: o for e, o in options.items() if o}
 
 

@@ -178,6 +178,18 @@ CASES = {
         ],
         ["default.jsonl:1: messages", "--endpoint chat"],
     ),  # fmt: skip
+    "bad extra-body json": (
+        ["--engine", "openai", "--extra-body", "{ignore_eos: true}"],
+        ["--extra-body", "invalid JSON"],
+    ),
+    "extra-body not object": (
+        ["--engine", "openai", "--extra-body", "[1]"],
+        ["--extra-body", "JSON object"],
+    ),
+    "extra-body without an HTTP engine": (
+        ["--engine", "hf", "--extra-body", "{}", "--model", "tiny"],
+        ["--extra-body", "HTTP engines", "openai"],
+    ),
     "aa with spec": (["--aa", "--spec"], ["--aa", "drop --spec"]),
     "bad goodput": (["--goodput", "ttft=5"], ["--goodput"]),
     "bad mode": (["--mode", "fast"], ["--mode", "fast"]),
@@ -304,6 +316,7 @@ def test_help_documents_every_flag():
         "--metric-percentiles",
         "--save-result",
         "--duration",
+        "--extra-body",
     ):
         assert flag in proc.stdout
     assert "vllm bench serve names:" in proc.stdout

@@ -249,6 +249,33 @@ def test_a_server_whose_model_listing_fails_still_runs_with_served_model(tmp_pat
     assert code == 1 and "does not answer" in err and "--served-model" in err
 
 
+def test_ignore_eos_unsent_is_a_warning_and_extra_body_sends_it(tmp_path, capsys, caplog):
+    """--ignore-eos to a server not taken for vLLM is not sent: engine_info and stderr say so.
+    --extra-body merges its object into every request (and is recorded in the config)."""
+    server = FakeServer(OK, vllm=False)
+    extra = '{"ignore_eos": true, "top_k": 1}'
+    with ServerThread(server) as url:
+        for name, flags in (("plain", ()), ("extra", ("--extra-body", extra))):
+            (tmp_path / name).mkdir()
+            sent = len(server.requests)
+            code, out = run_harness(tmp_path / name, url, 2, "--ignore-eos", *flags)
+            err = capsys.readouterr().err
+            assert code == 0, err
+            said, _ = caplog.text, caplog.clear()  # the warning's line (stderr outside pytest)
+            res = json.loads((out / "results.json").read_text())
+            (run,) = res["runs"]
+            bodies = [r.body for r in server.requests[sent:]]
+            warned = [w for w in run["engine_info"]["warnings"] if "--ignore-eos not sent" in w]
+            if name == "plain":
+                assert warned and said.count("--ignore-eos not sent") == 1
+                assert all("ignore_eos" not in b for b in bodies)
+            else:
+                assert not warned and "--ignore-eos not sent" not in said
+                assert all(b["ignore_eos"] is True and b["top_k"] == 1 for b in bodies)
+                assert res["config"]["options"]["openai"]["extra_body"] == json.loads(extra)
+                assert run["engine_info"]["extra_body"] == json.loads(extra)
+
+
 def test_server_metrics_read_at_run_edges_unless_sampling_is_asked(tmp_path, capsys):
     """By default /metrics is read twice per run (counters at start and end), never during it;
     --sample-server-load S samples the gauges every S seconds and records S."""
@@ -306,6 +333,7 @@ def test_token_ids_asked_only_when_the_run_compares_outputs(tmp_path, capsys):
     assert all(r.body["ignore_eos"] is True for r in bodies)
     (run,) = res["runs"]
     assert run["engine_info"]["token_ids_asked"] is False
+    assert not run["engine_info"]["warnings"]  # a vLLM server gets ignore_eos: no warning
     assert run["engine_info"]["token_ids_decided"] == (
         "--token-ids auto: no spec-decode counters on the server's /metrics"
     )
