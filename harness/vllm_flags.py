@@ -99,7 +99,7 @@ def add_group(p: argparse.ArgumentParser) -> None:
         "them. Also: --max-concurrency (= --concurrency), --num-warmups (= --warmup), "
         "--served-model-name (= --served-model), --result-dir (= --output-dir), --endpoint "
         "/v1/completions or /v1/chat/completions, --goodput e2el:MS, --num-prompts, "
-        "--request-rate, --burstiness, --seed, --ignore-eos, --temperature.",
+        "--request-rate, --burstiness, --seed, --ignore-eos, --temperature, --extra-body.",
     )
     one, zero = _at_least(1), _at_least(0)
     v.add_argument(
