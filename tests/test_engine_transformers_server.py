@@ -125,15 +125,21 @@ def test_argv_and_validation(embedded_pair: tuple[str, str]) -> None:
 
 
 def test_cli_gives_managed_servers_their_options(tmp_path) -> None:
+    from engines.openai_options import ignore_eos_unsent
     from harness.flags import build_parser
     from harness.plan_flags import build_plan
 
-    args = build_parser().parse_args(
-        ["--engine", "vllm-server,transformers-server-cb", "--server-start-timeout", "77"]
-    )
+    engines = "vllm-server,transformers-server-cb"
+    extra = ("--ignore-eos", "--extra-body", '{"top_k": 1}')
+    args = build_parser().parse_args(["--engine", engines, "--server-start-timeout", "77", *extra])
     plan = build_plan(args, "m", None)
     for engine in ("vllm-server", "transformers-server-cb"):
         assert plan.options[engine]["start_timeout"] == 77
+        assert plan.options[engine]["extra_body"] == {"top_k": 1}
     (cfg,) = [c for _, c in plan.engine_configs({e: () for e in plan.engines})
               if c.engine == "transformers-server-cb"]  # fmt: skip
     TransformersServerCBEngine.validate(cfg)
+    # its client is not vLLM: --ignore-eos is not sent, said at start; --extra-body is sent
+    inner = TransformersServerCBEngine._inner_config(cfg, "http://127.0.0.1:1/v1").options
+    assert inner["extra_body"] == {"top_k": 1} and inner["vllm_extras"] is False
+    assert ignore_eos_unsent(inner, inner["vllm_extras"], inner["extra_body"])
