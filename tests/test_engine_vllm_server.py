@@ -69,6 +69,8 @@ def test_baseline_streams_token_ids_and_usage(servers, loop) -> None:
     d = base.describe()
     assert d["argv"][1:4] == ["-m", "vllm.entrypoints.cli.main", "serve"]
     assert Path(d["log_path"]).is_file() and d["server_version"]
+    assert d["vllm_extras"] is True  # /version and owned_by vllm: the real server is vLLM
+    assert d["served_model_from"] == "--model (listed by the server)"
     assert loop.run_until_complete(base.refresh_metrics()) is None  # no speculation
 
 
