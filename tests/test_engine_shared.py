@@ -10,7 +10,7 @@ import pytest
 from engines.base import EngineConfig, EngineError
 from engines.local_model import looks_like_path, missing_path, prompt_ids
 from engines.vllm_server import VLLMServerEngine
-from engines.vllm_setup import CPU_KV_CACHE_BYTES, CPU_MAX_MODEL_LEN, cpu_defaults
+from engines.vllm_setup import CPU_DTYPE, CPU_KV_CACHE_BYTES, CPU_MAX_MODEL_LEN, cpu_defaults
 from workloads.base import Request
 
 
@@ -89,7 +89,9 @@ def test_server_and_in_process_vllm_share_the_cpu_defaults(monkeypatch: pytest.M
     argv = server.argv
     assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(CPU_KV_CACHE_BYTES)
     assert argv[argv.index("--max-model-len") + 1] == str(CPU_MAX_MODEL_LEN)
-    assert server.describe()["defaults_chosen"] == table
+    # dtype "auto" on CPU: float32 for both (vllm_setup.CPU_DTYPE), recorded as chosen
+    assert server.describe()["defaults_chosen"] == table | {"dtype": CPU_DTYPE}
+    assert argv[argv.index("--dtype") + 1] == CPU_DTYPE
     user = {"gpu_memory_utilization": 0.5, "max_model_len": 64}  # the user's keys win, alone
     assert cpu_defaults("/no/model", user) == {"enforce_eager": True}
     gpu = VLLMServerEngine(EngineConfig("vllm-server", "/no/model", device="cuda"))
