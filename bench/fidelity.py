@@ -23,28 +23,20 @@ import asyncio
 import contextlib
 import io
 import json
-import math
 import os
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from bench.common import (
-    Headline,
     Result,
-    med,
-    median_ci,
     prompts,
-    ratio_headline,
-    ratios,
-    spread,
-    table,
     target_model,
 )
+from bench.fidelity_analysis import SAMPLED_S, analyse
 from bench.recorder import Recorder, costly_differences, generation_bodies
 from bench.vbench import VBench, command
 
-SAMPLED_S = 0.5  # the interval every run used before sampling became opt-in
 SAMPLED_ENV = "BENCH_FIDELITY_SAMPLED"  # python -m bench fidelity --sampled
 
 
@@ -98,161 +90,6 @@ def _harness(argv: list[str], out: Path) -> dict:
         "ttft_mean": s["ttft_s"]["mean"],
         "tokens": s["output_tokens"],
     }
-
-
-KEYS = ("tok_s", "ttft", "server_itl")
-LABELS = {
-    "tok_s": ("output tok/s", 1.0),
-    "ttft": ("median TTFT (ms)", 1e3),
-    "server_itl": ("server's mean ITL (ms, its /metrics)", 1e3),
-}
-
-
-def pair_ratios(runs: dict[str, list[dict]], side: str, key: str) -> list[float]:
-    """Per-round ratios ``side`` / vllm bench of one figure."""
-    return ratios([r[key] for r in runs[side]], [r[key] for r in runs["vbench"]])
-
-
-def results_table(runs: dict[str, list[dict]]) -> str:
-    """Medians of each side and the per-round ratios [min, max]; the sampled side if it ran."""
-    if not (runs["harness"] and runs["vbench"]):
-        return "No timed round finished."
-    sampled = bool(runs.get("sampled"))
-    headers = [
-        "metric",
-        "harness (median)",
-        "vllm bench (median)",
-        "harness / vllm bench [min, max]",
-    ]
-    if sampled:
-        headers += [f"harness --sample-server-load {SAMPLED_S:g} (median)", "its ratio [min, max]"]
-    rows = []
-    for key in KEYS:
-        label, sc = LABELS[key]
-        row = [label] + [med([r[key] * sc for r in runs[s]]) for s in ("harness", "vbench")]
-        row.append(spread(pair_ratios(runs, "harness", key)))
-        if sampled:
-            row += [
-                med([r[key] * sc for r in runs["sampled"]]),
-                spread(pair_ratios(runs, "sampled", key)),
-            ]
-        rows.append(row)
-    tokens = (
-        ["output tokens per run"] + [runs[s][0]["tokens"] for s in ("harness", "vbench")] + [""]
-    )
-    if sampled:
-        tokens += [runs["sampled"][0]["tokens"], ""]
-    return table(headers, rows + [tokens])
-
-
-def noise_line(itl_r: list[float], unit: str = "pairs") -> str:
-    """Done-when wording for the server's ITL: equal within noise means its CI contains 1."""
-    ci = median_ci(itl_r)
-    if ci is None:
-        return f"Server's ITL: too few {unit} for a CI."
-    lo, hi, level = ci
-    same = lo <= 1.0 <= hi
-    return (
-        f"Server's mean ITL, harness runs / vllm bench runs: {level:.1%} CI of the median "
-        f"[{lo:.3f}, {hi:.3f}] "
-        + (
-            "contains 1: equal within noise."
-            if same
-            else "excludes 1: the server ran at a different speed."
-        )
-    )
-
-
-def abba(rs: list[float]) -> list[float]:
-    """Rounds 2k and 2k+1 merged (with two sides: one with the harness first, one with vllm bench
-    first, A B B A): the geometric mean of their ratios, in which a drift linear over the four
-    runs cancels."""
-    return [math.sqrt(a * b) for a, b in zip(rs[0::2], rs[1::2])]
-
-
-def lag1(rs: list[float]) -> float | None:
-    """Lag-1 autocorrelation of the log ratios: near 0 when rounds are independent, as the
-    order-statistic CI assumes."""
-    xs = [math.log(r) for r in rs]
-    if len(xs) < 3:
-        return None
-    m = sum(xs) / len(xs)
-    den = sum((x - m) ** 2 for x in xs)
-    return sum((a - m) * (b - m) for a, b in zip(xs, xs[1:])) / den if den else None
-
-
-def analyse(runs: dict[str, list[dict]]) -> tuple[list[str], list[Headline]]:
-    """The table, the ITL's noise line, the design check, the TTFT line and the three headlines
-    from the runs of each side in round order (what ``run`` measured, or ``runs.jsonl``).
-
-    With two sides the verdicts use A B B A blocks (rounds 2k, 2k+1 merged): the first side
-    alternates, so a drift or a carry-over from the run before biases single rounds in
-    alternating directions (lag-1 autocorrelation of their log ratios -0.49 in the first 18
-    rounds measured, 01:00 UTC 2026-12-01), against the independence the order-statistic CI
-    assumes; a block cancels both. Three sides rotate: single rounds."""
-    two = not runs.get("sampled")
-    unit = "A B B A blocks" if two else "rounds"
-    per_round = {k: pair_ratios(runs, "harness", k) for k in KEYS}
-    used = {k: abba(rs) if two else rs for k, rs in per_round.items()}
-    checks = []
-    for key, rs in per_round.items():
-        ci, r1, rb = median_ci(rs), lag1(rs), lag1(used[key])
-        checks.append(
-            f"{LABELS[key][0].split(' (')[0]}: single rounds "
-            + (f"{med(rs):.3f}" if rs else "n/a")
-            + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
-            + ", lag-1 autocorrelation "
-            + ("n/a" if r1 is None else f"{r1:+.2f}")
-            + (f" (the blocks': {rb:+.2f})" if two and rb is not None else "")
-        )
-    design = (
-        f"Verdicts on {unit}"
-        + (
-            " (rounds 2k and 2k+1 merged: a drift linear over four runs and the order cancel)"
-            if two
-            else ""
-        )
-        + ". Beside them: "
-        + "; ".join(checks)
-        + ". Independent units show a lag-1 autocorrelation near 0."
-    )
-    heads = [
-        ratio_headline("output tok/s harness / vllm bench", used["tok_s"], 0.95, 1.05, "within 5%", unit),
-        ratio_headline("median TTFT harness / vllm bench", used["ttft"], 0.90, 1.10, "within 10%", unit),
-        ratio_headline(
-            "server's mean ITL, harness runs / vllm bench runs", used["server_itl"], 0.95, 1.05,
-            "within 5%", unit,
-        ),
-    ]  # fmt: skip
-    body = [results_table(runs), noise_line(used["server_itl"], unit), design, ttft_line(runs)]
-    return body, heads
-
-
-def ttft_line(runs: dict[str, list[dict]]) -> str:
-    """Whose TTFT is nearer the server's own: each client's mean TTFT over a run minus the
-    server's mean TTFT (its histogram, arrival to first token) over the same run. What is
-    left is the delivery and the client's own delay in stamping; the smaller, the truer."""
-    sides = ("harness", "vbench")
-    if not all(runs[s] and runs[s][0].get("server_ttft") is not None for s in sides):
-        return "Client TTFT against the server's own: not recorded in these runs."
-    gap = {s: [(r["ttft_mean"] - r["server_ttft"]) * 1e3 for r in runs[s]] for s in sides}
-    ci = median_ci([a - b for a, b in zip(gap["harness"], gap["vbench"])])
-    return (
-        "Mean TTFT minus the server's own mean TTFT over the same run (its /metrics; what is "
-        f"left is delivery plus the client's delay in stamping): harness {med(gap['harness']):.1f} "
-        f"ms, vllm bench {med(gap['vbench']):.1f} ms (medians over rounds); harness - vllm bench "
-        + (f"{ci[0]:+.1f} .. {ci[1]:+.1f} ms ({ci[2]:.1%} CI of the median)" if ci else "n/a")
-        + "."
-    )
-
-
-def load(path: Path) -> dict[str, list[dict]]:
-    """``runs.jsonl`` back into each side's timed runs in round order (warm-ups left out)."""
-    runs: dict[str, list[dict]] = {"harness": [], "vbench": [], "sampled": []}
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    for row in sorted((r for r in rows if r["round"] is not None), key=lambda r: r["round"]):
-        runs[row["side"]].append(row)
-    return runs
 
 
 def round_order(sides: list[str], i: int) -> list[str]:
@@ -329,6 +166,7 @@ async def run(quick: bool) -> Result:
             after = await prom.scrape(http, root, timeout)
             r["server_itl"] = prom.mean_between(before, after, "itl")
             r["server_ttft"] = prom.mean_between(before, after, "ttft")
+            r["round"] = round_
             runs[name].append(r)
             with raw.open("a") as f:  # a run cut short keeps what it measured
                 f.write(json.dumps({"round": round_, "side": name} | r) + "\n")
@@ -357,7 +195,7 @@ async def run(quick: bool) -> Result:
             f"rounds of the {len(sides)} sides, "
             + ("the first alternating every round" if len(sides) == 2 else "the order rotated")
             + ", after one untimed warm-up of each; every run's figures in "
-            f"{raw} (`python -m bench.fidelity {raw}` re-reads them). The harness side is "
+            f"{raw} (`python -m bench.fidelity_analysis {raw}` re-reads them). The harness side is "
             "`python -m harness` (CLI, Session, Runner) in the bench process; the server's ITL "
             "is the delta of its histogram's sum over the delta of its count across each run. "
             f"Server: `{' '.join(server.argv)}` (log in {work})."
@@ -377,13 +215,3 @@ async def run(quick: bool) -> Result:
         vb.close()
         await server.close()
     return res
-
-
-if __name__ == "__main__":  # python -m bench.fidelity RUNS.jsonl: a saved run's analysis again
-    import sys
-
-    body, heads = analyse(load(Path(sys.argv[1])))
-    for h in heads:
-        value = "n/a" if h.value is None else f"{h.value:.3f}"
-        print(f"{h.label}: {value} ({h.target}): {h.verdict}; {h.detail}")
-    print("\n\n".join(body))

@@ -195,7 +195,10 @@ def run_failure(runs: list[Run]) -> str | None:
             continue  # stopped or interrupted before it sent anything: it did not run
         first = next((rec.error for rec in records if rec.error), None)
         if first is None and not records:
-            first = next(r.status.removeprefix("failed: ") for r in tried)
+            first = next(
+                (r.status.removeprefix("failed: ") for r in tried if r.status.startswith("failed")),
+                None,
+            )
         e_g = f", e.g. {first}" if first else ""
         return f"{side}: no request succeeded ({len(records)} failed{e_g})"
     return None

@@ -209,10 +209,15 @@ NOT_MEASURED = frozenset(
     }
 )  # fmt: skip
 # Engine options that only decide how long to wait for a server or where its key is, or say why,
-# or repeat a setting compared above (ignore_eos: each HTTP client warns where it is not sent).
+# or repeat a setting compared above (ignore_eos: each HTTP client warns where it is not sent),
+# or how tokens are counted when a server sends no usage (each record says how:
+# info.output_tokens_from; journals before the option lack it).
 NOT_MEASURED_OPTIONS = frozenset(
-    {"start_timeout", "api_key_env", "api_key_file", "log_path", "token_ids_why", "ignore_eos"}
-)
+    {
+        "start_timeout", "api_key_env", "api_key_file", "log_path", "token_ids_why", "ignore_eos",
+        "count_with_model",
+    }
+)  # fmt: skip
 
 
 def measured(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -126,7 +126,7 @@ def check_resume(plan: RunPlan, out: Path) -> None:
             "cannot be checked; start a new --output-dir"
         )
     asked = plan.to_json()
-    keys = config_differences(recorded, asked)
+    keys = config_differences(_as_paths(recorded), _as_paths(asked))
     if keys:
         was = ", ".join(f"{k}={_short(lookup(recorded, k))}" for k in keys)
         now = ", ".join(f"{k}={_short(lookup(asked, k))}" for k in keys)
@@ -134,6 +134,23 @@ def check_resume(plan: RunPlan, out: Path) -> None:
             f"resume: journal {path} was recorded with {was}, this run asks {now}; "
             "start a new --output-dir or use the same flags"
         )
+
+
+def _as_paths(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config with shipped model names ("embedded", "tiny") as their directories: a run
+    against a remote server no longer resolves the default name, its older journals hold the
+    path; both mean one model."""
+    from harness import models
+
+    out = dict(config)
+    for key in ("model", "draft_model", "eagle3_model"):
+        name = out.get(key)
+        try:
+            if isinstance(name, str) and models.parse_name(name) is not None:
+                out[key] = models.resolve_model(name)
+        except ValueError:  # not a shipped model's kind: compared as written
+            pass
+    return out
 
 
 def _short(value: Any) -> str:

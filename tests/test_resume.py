@@ -89,3 +89,17 @@ def test_the_token_ids_flag_is_not_a_measured_setting() -> None:
     assert config_differences({**old, "token_ids": "auto"}, {**old, "token_ids": "on"}) == []
     http = {"engines": ["openai"], "options": {"openai": {"token_ids": False}}}
     assert config_differences(http, {**http, "options": {"openai": {"token_ids": True}}}) != []
+
+
+def test_resume_takes_a_shipped_name_and_its_directory_as_one_model() -> None:
+    """A remote-only run keeps the default name "embedded" (nothing assembled); journals written
+    before that hold its directory, and no count_with_model option: still one configuration."""
+    from harness.models import resolve_model
+    from harness.plan import config_differences
+    from harness.preflight import _as_paths
+
+    old = {"model": resolve_model("embedded"), "options": {"openai": {"count_with_model": True}}}
+    new = {"model": "embedded", "options": {"openai": {}}}
+    assert config_differences(_as_paths(old), _as_paths(new)) == []
+    other = {"model": "tiny", "options": {"openai": {}}}
+    assert config_differences(_as_paths(old), _as_paths(other)) == ["model"]
