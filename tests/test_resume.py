@@ -91,15 +91,24 @@ def test_the_token_ids_flag_is_not_a_measured_setting() -> None:
     assert config_differences(http, {**http, "options": {"openai": {"token_ids": True}}}) != []
 
 
-def test_resume_takes_a_shipped_name_and_its_directory_as_one_model() -> None:
+def test_resume_takes_a_shipped_name_and_its_directory_as_one_model(tmp_path) -> None:
     """A remote-only run keeps the default name "embedded" (nothing assembled); journals written
     before that hold its directory, and no count_with_model option: still one configuration."""
+    import json
+    from types import SimpleNamespace
+
+    import pytest
+
     from harness.models import resolve_model
-    from harness.plan import config_differences
-    from harness.preflight import _as_paths
+    from harness.options import UsageError
+    from harness.preflight import check_resume
 
     old = {"model": resolve_model("embedded"), "options": {"openai": {"count_with_model": True}}}
-    new = {"model": "embedded", "options": {"openai": {}}}
-    assert config_differences(_as_paths(old), _as_paths(new)) == []
-    other = {"model": "tiny", "options": {"openai": {}}}
-    assert config_differences(_as_paths(old), _as_paths(other)) == ["model"]
+    (tmp_path / "journal.jsonl").write_text(json.dumps({"kind": "config", "config": old}) + "\n")
+
+    def plan(config: dict) -> SimpleNamespace:
+        return SimpleNamespace(resume=True, to_json=lambda: config)
+
+    check_resume(plan({"model": "embedded", "options": {"openai": {}}}), tmp_path)  # no error
+    with pytest.raises(UsageError, match="model="):
+        check_resume(plan({"model": "tiny", "options": {"openai": {}}}), tmp_path)
