@@ -4,6 +4,7 @@ dataset, the speculative variants and the per-engine options; every check that n
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -167,18 +168,24 @@ def engine_options(
         getattr(args, "token_ids", "auto"), compares or speculative
     )
     options = {e: engine_class(e).options_from(flags, speculative) for e in engines}
-    if urls and not any("base_url" in engine_class(e).run_flags for e in engines):
-        takers = [n for n in REGISTRY if "base_url" in engine_class(n).run_flags]
+    if urls and not _takers("base_url", engines):
         own = [n for n in REGISTRY if engine_class(n).capabilities.managed]
         raise UsageError(
-            f"--base-url is for --engine {' or '.join(takers)} ({', '.join(own)} start their own)"
+            f"--base-url is for --engine {' or '.join(_takers('base_url'))} "
+            f"({', '.join(own)} start their own)"
         )
-    if flags["extra_body"] is not None and not any(
-        "extra_body" in engine_class(e).run_flags for e in engines
-    ):
-        takers = [n for n in REGISTRY if "extra_body" in engine_class(n).run_flags]
-        raise UsageError(f"--extra-body is for the HTTP engines ({', '.join(takers)})")
+    if flags["extra_body"] is not None and not _takers("extra_body", engines):
+        raise UsageError(
+            f"--extra-body is for the HTTP engines ({', '.join(_takers('extra_body'))})"
+        )
     return {e: o for e, o in options.items() if o}
+
+
+def _takers(flag: str, engines: Sequence[str] | None = None) -> list[str]:
+    """The engines (of ``engines``, default every registered one) whose run flags take ``flag``."""
+    return [
+        n for n in (REGISTRY if engines is None else engines) if flag in engine_class(n).run_flags
+    ]
 
 
 def _token_ids(flag: str, needed: bool) -> tuple[bool | None, str | None]:
