@@ -100,8 +100,8 @@ def _write_jsonl(path: Path, texts: list[str]) -> None:
 async def _harness(url: str, texts: list[str], tokens: int, c: int, extra: dict) -> list[Any]:
     from engines.base import EngineConfig, GenParams
     from engines.openai import OpenAIEngine
-    from harness.load import Concurrent
-    from harness.runner import Runner
+    from harness.core.load import Concurrent
+    from harness.run.runner import Runner
 
     opts = {"base_urls": [url + "/v1"], "max_concurrency": c, "extra_body": extra}
     engine = OpenAIEngine(EngineConfig(engine="openai", model="stub", options=opts))
@@ -243,7 +243,7 @@ async def run(quick: bool) -> Result:
 
             async def a(texts: list[str] = texts, c: int = c) -> float:
                 recs = await _harness(stub.url, texts, tokens, c, zero)
-                from harness.stats import summarize
+                from harness.analysis.stats import summarize
 
                 s = summarize(recs)
                 assert s["failed"] == 0, s["errors"]

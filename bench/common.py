@@ -90,7 +90,7 @@ class Result:
 def target_model() -> tuple[str, bool]:
     """(path of the tiny target, whether it is a stand-in because the pair is missing)."""
     try:
-        from harness.models import tiny_path
+        from harness.models.registry import tiny_path
 
         p = Path(tiny_path("target"))
         if (p / "config.json").exists():
@@ -107,7 +107,7 @@ def _fallback() -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from harness.models_build import TARGET_DIMS, _read, corpus_files, train_tokenizer
+    from harness.models.tiny_pair import TARGET_DIMS, _read, corpus_files, train_tokenizer
 
     _, train, _ = corpus_files()
     tok = train_tokenizer(_read(train[:200]), TARGET_DIMS["vocab_size"], [FALLBACK_DIR])
@@ -153,7 +153,7 @@ def scaled_model(like: str, dims: dict[str, int]) -> str:
 def prompts(n: int, tag: str = "p") -> list[str]:
     """``n`` deterministic prompts (starts of standard-library sources), each unique by a tag
     line so a stub server can key on it."""
-    from harness.models_build import corpus_files
+    from harness.models.tiny_pair import corpus_files
 
     _, files, _ = corpus_files()
     out = []

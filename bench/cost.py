@@ -67,8 +67,8 @@ def _requests(cell: Cell, seed: int = 0) -> list[Any]:
 
 async def _round(engine: StepSimEngine, reqs: list[Any], cell: Cell, harness: bool) -> Round:
     from engines.base import GenParams
-    from harness.load import Concurrent
-    from harness.runner import Runner
+    from harness.core.load import Concurrent
+    from harness.run.runner import Runner
 
     core = engine.core
     await engine.call_on_stepper(lambda _: core.reset_stats())  # between steps
@@ -148,8 +148,8 @@ async def _http_client(quick: bool) -> tuple[list[list[Any]], dict[str, float]]:
     from bench.common import prompts, requests
     from engines.base import EngineConfig, GenParams
     from engines.openai import OpenAIEngine
-    from harness.load import Concurrent
-    from harness.runner import Runner
+    from harness.core.load import Concurrent
+    from harness.run.runner import Runner
 
     conc, n, pairs = (64, 64, 2) if quick else (64, 256, 5)
     lengths = (1, 64)

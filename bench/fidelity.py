@@ -76,7 +76,7 @@ def fields_line(bodies: dict[str, list[dict]]) -> tuple[str, list[str]]:
 
 def _harness(argv: list[str], out: Path) -> dict:
     """Blocking: one ``python -m harness`` run in this process; its own figures."""
-    from harness.cli import main
+    from harness.cli.main import main
 
     with contextlib.redirect_stdout(io.StringIO()):
         code = main(argv)

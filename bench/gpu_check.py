@@ -9,7 +9,7 @@ random, blocks swamp the tied embedding and two models agree on nothing). Measur
 
 - per-step time of one decode forward of each (``HFEngine.step_costs``), hence c = draft/target;
 - batch-1 decode tok/s through the harness (1/median TPOT) against the bandwidth bound
-  (``harness.sol.speed_of_light``, weights read per token / measured device bandwidth);
+  (``harness.analysis.sol.speed_of_light``, weights read per token / measured device bandwidth);
 - plain vs assisted generation (K=4 constant, and HF's default heuristic schedule), interleaved.
   With alpha = 1 the assisted speedup here is the ceiling of that pair on that device, next to
   the post's 1.34x and the Leviathan prediction (K+1)/(K*c+1);
@@ -35,7 +35,7 @@ from typing import Any
 
 from bench.common import prompts, requests, table
 from bench.sol import weights_read_per_token
-from harness.sol import measure_bandwidth, speed_of_light
+from harness.analysis.sol import measure_bandwidth, speed_of_light
 
 OPT_VOCAB = 50272
 SIZES: dict[str, dict[str, dict[str, int]]] = {
@@ -61,7 +61,7 @@ def build(out: Path, dims: dict[str, int], dtype: Any, device: str, seed: int) -
     import torch
     from transformers import OPTConfig, OPTForCausalLM
 
-    from harness.models import tiny_path
+    from harness.models.registry import tiny_path
 
     if (out / "config.json").exists():
         return str(out)
@@ -95,8 +95,8 @@ def bandwidth(device: str) -> float:
 
 async def _harness(engine: Any, reqs: list[Any], tokens: int) -> dict[str, float]:
     from engines.base import GenParams
-    from harness.load import Synchronous
-    from harness.runner import Runner
+    from harness.core.load import Synchronous
+    from harness.run.runner import Runner
 
     params = GenParams(max_new_tokens=tokens, ignore_eos=True)
     l0, t0 = time.thread_time(), time.perf_counter()

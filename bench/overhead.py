@@ -55,7 +55,7 @@ class Row:
 
 
 def _harness_side(engine: Any, reqs: list[Any], params: Any, strategy: Any) -> Side:
-    from harness.runner import Runner
+    from harness.run.runner import Runner
 
     async def go() -> tuple[float, list[list[int]]]:
         t0 = now()
@@ -200,7 +200,7 @@ async def _vllm_scaled(model: str, quick: bool, pairs: int, tokens: int) -> list
     """The throughput row on a larger random-weight model: longer steps, same per-token cost."""
     from engines.base import EngineConfig, GenParams
     from engines.vllm import VLLMEngine
-    from harness.load import Concurrent
+    from harness.core.load import Concurrent
 
     engine = VLLMEngine(EngineConfig(engine="vllm", model=scaled_model(model, SCALED)))
     await engine.start()
@@ -220,7 +220,7 @@ async def _vllm(model: str, quick: bool, pairs: int, tokens: int) -> list[Measur
     from bench.vllm_raw import generate_batch
     from engines.base import EngineConfig, GenParams
     from engines.vllm import VLLMEngine
-    from harness.load import Concurrent, Synchronous
+    from harness.core.load import Concurrent, Synchronous
 
     engine = VLLMEngine(EngineConfig(engine="vllm", model=model, device="cpu"))
     await engine.start()
@@ -254,7 +254,7 @@ async def _hf(model: str, quick: bool, pairs: int, tokens: int) -> list[Measured
 
     from engines.base import EngineConfig, GenParams
     from engines.hf import HFEngine
-    from harness.load import Synchronous
+    from harness.core.load import Synchronous
 
     engine = HFEngine(EngineConfig(engine="hf", model=model, device="cpu"))
     await engine.start()

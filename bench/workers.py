@@ -3,7 +3,7 @@
 The stub (``bench/stub_server.py``, its own process, no send log) answers every request at once
 with a short stream, so the client side is what limits the request rate, as far as the cores
 allow. Sides, rotated round by round: the harness's own process (the default: Runner +
-OpenAIEngine in the event loop), then :class:`harness.client_workers.ClientPool` with 1, 2 and 4
+OpenAIEngine in the event loop), then :class:`harness.run.client_workers.ClientPool` with 1, 2 and 4
 worker processes (the same Runner in each worker, records sent back to the parent). Each side
 runs one closed-loop point (``Concurrent(C)``, C split across the workers); figures per round:
 req/s over the wall time, the client's CPU per request (the parent's ``time.process_time`` plus
@@ -50,8 +50,8 @@ def proc_cpu(pid: int) -> float:
 
 async def _side(engine: Any, pool: Any, n: int, tag: str, stub_pid: int) -> dict[str, float]:
     from engines.base import GenParams
-    from harness.load import Concurrent
-    from harness.runner import Runner
+    from harness.core.load import Concurrent
+    from harness.run.runner import Runner
 
     reqs = requests(prompts(n, tag=tag))
     params = GenParams(max_new_tokens=TOKENS, ignore_eos=True)
@@ -74,7 +74,7 @@ async def _side(engine: Any, pool: Any, n: int, tag: str, stub_pid: int) -> dict
 async def run(quick: bool) -> Result:
     from engines.base import EngineConfig
     from engines.openai import OpenAIEngine
-    from harness.client_workers import ClientPool
+    from harness.run.client_workers import ClientPool
 
     res = Result("workers", "6. Client capacity vs --client-workers (zero-delay stub)")
     n, rounds = (256, 1) if quick else (2000, 5)

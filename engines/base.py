@@ -169,7 +169,7 @@ class Capabilities:
     tunable: bool = False
     # starting a fresh instance is cheap (seconds): the session builds every lane's engine anew
     # for each block (repeat), so an instance's own speed offset varies between blocks and the
-    # CI, which is computed over blocks, covers it (harness.design: instances)
+    # CI, which is computed over blocks, covers it (harness.core.design: instances)
     rebuild_per_block: bool = False
 
 

@@ -27,7 +27,7 @@ os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 @pytest.fixture(scope="session")
 def tiny_pair() -> tuple[str, str]:
     """(target, draft) directories of the tiny test pair."""
-    from harness.models import ensure_tiny
+    from harness.models.registry import ensure_tiny
 
     target, draft = ensure_tiny(progress=False)
     return str(target), str(draft)
@@ -42,7 +42,7 @@ def embedded_pair(tiny_pair: tuple[str, str]) -> tuple[str, str]:
 @pytest.fixture(scope="session")
 def smollm2() -> dict[str, str]:
     """{"target", "draft", "eagle3"} directories of the SmolLM2 family (assembled if missing)."""
-    from harness import models
+    from harness.models import registry as models
 
     models.ensure_family("smollm2", progress=False)
     return {k: str(models.model_path("smollm2", k)) for k in models.smollm2_kinds()}

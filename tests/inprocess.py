@@ -1,4 +1,4 @@
-"""The harness's command line run inside the test process: ``harness.cli.main``, which
+"""The harness's command line run inside the test process: ``harness.cli.main.main``, which
 ``python -m harness`` calls. A fresh interpreter per run would import torch and vLLM again, ~10 s
 a run on 2 cores; the module's own ``__main__`` path keeps its subprocess tests
 (tests/test_app_hf.py, tests/test_cli_errors.py). What a run sets in the environment (``--quiet``:
@@ -28,7 +28,7 @@ class Ran:
 
 def run_harness(args: Sequence[str], capsys: pytest.CaptureFixture[str]) -> Ran:
     """``python -m harness ARGS``, from the repository root, in this process."""
-    from harness.cli import main
+    from harness.cli.main import main
 
     capsys.readouterr()  # what came before is not this run's
     env, cwd = dict(os.environ), os.getcwd()

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from harness.analysis import compare_groups
-from harness.flags import DEFAULT_REPEATS
-from harness.records import RequestRecord
-from harness.results import Cell, Run
-from harness.stats import MIN_REPEATS, log_ratio_ci, verdicts
+from harness.analysis.paired import compare_groups
+from harness.analysis.stats import MIN_REPEATS, log_ratio_ci, verdicts
+from harness.cli.flags import DEFAULT_REPEATS
+from harness.core.records import RequestRecord
+from harness.core.results import Cell, Run
 
 PROMPTS = 16
 TOKENS = 64

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.categories import category_tables
-from harness.derived import analyze
-from harness.markdown import render
-from harness.records import RequestRecord
-from harness.results import Cell, Run
+from harness.analysis.categories import category_tables
+from harness.analysis.derived import analyze
+from harness.core.records import RequestRecord
+from harness.core.results import Cell, Run
+from harness.report.markdown import render
 
 CATS = {f"s{i}": "summarization" for i in range(6)} | {f"t{i}": "translation" for i in range(6)}
 TRUTH = {"summarization": 2.0, "translation": 0.8}

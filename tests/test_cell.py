@@ -8,11 +8,11 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from harness.analysis import comparisons, group_runs
-from harness.commands import load_results
-from harness.journal import Journal, runs_from_journal
-from harness.records import RequestRecord
-from harness.results import SCHEMA_VERSION, Cell, Run
+from harness.analysis.paired import comparisons
+from harness.cli.commands import load_results
+from harness.core.records import RequestRecord
+from harness.core.results import SCHEMA_VERSION, Cell, Run, group_runs
+from harness.run.journal import Journal, runs_from_journal
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "results-vllm-small.json"
 BASE = Cell("vllm", "baseline", "latency", {"concurrency": 1}, 8, 0, "w", "/m/a", 0.0)
@@ -81,7 +81,7 @@ def test_schema_2_results_get_model_and_temperature_from_their_config(tmp_path: 
     cells = [Run.from_json(r).cell for r in data["runs"]]
     assert {(c.model, c.temperature) for c in cells} == {(old["config"]["model"], 0.0)}
     assert all(r["key"] == Run.from_json(r).cell.key for r in data["runs"])
-    from harness.plots import draw
+    from harness.report.plots import draw
 
     assert "png" in draw(data, tmp_path)  # the views read the longer cells too
     assert {k: data[k] for k in ("rows", "comparisons")} == {
@@ -90,7 +90,7 @@ def test_schema_2_results_get_model_and_temperature_from_their_config(tmp_path: 
 
 
 def test_compare_pairs_only_runs_of_one_model_and_temperature(tmp_path: Path, capsys) -> None:
-    from harness.cli import main
+    from harness.cli.main import main
 
     hot = json.loads(FIXTURE.read_text())
     hot["config"]["temperature"] = 0.8

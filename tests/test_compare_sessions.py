@@ -10,10 +10,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harness.analysis import UNPAIRED
-from harness.cli import main
-from harness.design import SEPARATE
-from harness.vllm_json import from_run
+from harness.analysis.paired import UNPAIRED
+from harness.cli.main import main
+from harness.core.design import SEPARATE
+from harness.report.vllm_json import from_run
 from tests.test_vllm_json import _results, _run
 
 

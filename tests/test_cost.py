@@ -28,8 +28,8 @@ def test_each_token_is_stamped_with_its_step() -> None:
     step numbers, one token each, and requests in one step share its stamp."""
     from bench.stepsim import StepSimEngine
     from engines.base import GenParams
-    from harness.load import Concurrent
-    from harness.runner import Runner
+    from harness.core.load import Concurrent
+    from harness.run.runner import Runner
     from workloads.base import Request
 
     async def go() -> list:

@@ -12,11 +12,11 @@ import pytest
 
 from engines import base as engines_base
 from engines.base import Capabilities, Chunk, EngineConfig, GenParams, Request
-from harness.analysis import comparisons
-from harness.design import INTERLEAVED, SEQUENTIAL, build_order, lane_order, warmup_requests
-from harness.plan import RunPlan
-from harness.session import Session
-from harness.stats import summarize
+from harness.analysis.paired import comparisons
+from harness.analysis.stats import summarize
+from harness.core.design import INTERLEAVED, SEQUENTIAL, build_order, lane_order, warmup_requests
+from harness.run.plan import RunPlan
+from harness.run.session import Session
 from tests.clock import FakeClock, ScriptedEngine
 
 PROMPTS = [Request(f"p{i}", f"prompt number {i} with some words") for i in range(4)]

@@ -13,10 +13,10 @@ pytest.importorskip("vllm")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from engines.base import EngineConfig, GenParams, Request  # noqa: E402
-from harness.design import INTERLEAVED  # noqa: E402
-from harness.plan import RunPlan  # noqa: E402
-from harness.sanity import lossless  # noqa: E402
-from harness.session import Session  # noqa: E402
+from harness.analysis.sanity import lossless  # noqa: E402
+from harness.core.design import INTERLEAVED  # noqa: E402
+from harness.run.plan import RunPlan  # noqa: E402
+from harness.run.session import Session  # noqa: E402
 from tests.test_design import _plan as design_plan  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -17,8 +17,8 @@ import pytest
 from engines.base import EngineConfig, EngineError, GenParams
 from engines.openai import OpenAIEngine
 from engines.transformers_server import TransformersServerCBEngine, TransformersServerEngine
-from harness.load import Concurrent, Synchronous
-from harness.runner import Runner
+from harness.core.load import Concurrent, Synchronous
+from harness.run.runner import Runner
 from tests.servers import ServerPool
 from workloads.base import Request
 
@@ -126,8 +126,8 @@ def test_argv_and_validation(embedded_pair: tuple[str, str]) -> None:
 
 def test_cli_gives_managed_servers_their_options(tmp_path) -> None:
     from engines.openai_options import ignore_eos_unsent
-    from harness.flags import build_parser
-    from harness.plan_flags import build_plan
+    from harness.cli.flags import build_parser
+    from harness.cli.plan_flags import build_plan
 
     engines = "vllm-server,transformers-server-cb"
     extra = ("--ignore-eos", "--extra-body", '{"top_k": 1}')

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
+from harness.cli.main import main
 from tests.fake_server import Behaviour, FakeServer
 
 FAULTS = {

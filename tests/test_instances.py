@@ -14,12 +14,12 @@ import pytest
 
 from engines import base as engines_base
 from engines.base import Capabilities, Chunk, EngineConfig, EngineError, GenParams, Request
-from harness.analysis import comparisons
-from harness.design import ONE, PER_BLOCK, build_order, build_orders, lane_order
-from harness.flags import build_parser
-from harness.options import UsageError
-from harness.plan_flags import build_plan
-from harness.session import Lane, Session
+from harness.analysis.paired import comparisons
+from harness.cli.flags import build_parser
+from harness.cli.options import UsageError
+from harness.cli.plan_flags import build_plan
+from harness.core.design import ONE, PER_BLOCK, build_order, build_orders, lane_order
+from harness.run.session import Lane, Session
 from tests.clock import FakeClock, ScriptedEngine
 from tests.test_design import _plan
 
@@ -142,7 +142,7 @@ def test_the_heap_is_trimmed_after_every_block_before_its_rss_is_read(
 ) -> None:
     """Closed engines leave freed heap in glibc's arenas (engines/heap.py): each block's close
     is followed by one trim, before the next block builds, and what it returned is recorded."""
-    from harness import session as session_module
+    from harness.run import session as session_module
 
     log: list[Any] = []
     monkeypatch.setattr(session_module, "trim_heap", lambda: log.append(("trim",)) or 12.5)
@@ -384,8 +384,8 @@ def test_instances_flag_is_recorded_in_the_config() -> None:
 
 
 def test_the_header_line_says_which_instances() -> None:
-    from harness.design import design_record
-    from harness.markdown import _design_lines
+    from harness.core.design import design_record
+    from harness.report.markdown import _design_lines
 
     def line(instances: dict[str, str]) -> str:
         rec = design_record(
@@ -420,7 +420,7 @@ def _requests_seen(plan: Any) -> tuple[Session, list[Request]]:
 
 
 def test_warmup_tokens_caps_the_warmup_requests_only() -> None:
-    from harness.design import warmup_requests
+    from harness.core.design import warmup_requests
 
     reqs = [Request("a", "x y"), Request("b", "y z", max_new_tokens=4)]
     assert [w.max_new_tokens for w in warmup_requests(reqs, 2)] == [None, 4]  # as before
@@ -442,7 +442,7 @@ def test_fresh_instances_warm_up_short_by_default(instances: str) -> None:
     """Per-block instances warm up before every point of every block: at the point's length
     that took the main job past 10 minutes, so their default cap is PER_BLOCK_WARMUP_TOKENS; one
     instance per lane keeps the point's length. The record says which."""
-    from harness.design import PER_BLOCK_WARMUP_TOKENS
+    from harness.core.design import PER_BLOCK_WARMUP_TOKENS
 
     plan = dataclasses.replace(
         _plan(engines=("rebuilt",), repeats=1, max_repeats=1, max_new_tokens=(24,)),

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from harness.load import Concurrent, Constant, Poisson, Synchronous, strategy_from_json
+from harness.core.load import Concurrent, Constant, Poisson, Synchronous, strategy_from_json
 
 
 def test_poisson_mean_gap_is_one_over_rate():

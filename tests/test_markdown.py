@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from harness.cli import main
-from harness.columns import ci_text, method_tag
-from harness.derived import analyze
-from harness.markdown import render
-from harness.results import SCHEMA_VERSION, Run
+from harness.analysis.derived import analyze
+from harness.cli.main import main
+from harness.core.results import SCHEMA_VERSION, Run
+from harness.report.columns import ci_text, method_tag
+from harness.report.markdown import render
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "results-vllm-small.json"
 NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import models
+from harness.models import registry as models
 
 # the pair is committed: a missing pair is a failure (the fixture would rebuild it), never a skip
 needs_pair = pytest.mark.usefixtures("tiny_pair")

@@ -16,8 +16,8 @@ from engines.base import Chunk, EngineConfig, EngineError, GenParams
 from engines.local_model import counting_tokenizer
 from engines.openai import OpenAIEngine
 from engines.openai_server import is_vllm, listed_models, pick_model
-from harness.flags import build_parser
-from harness.plan_flags import build_plan, needs_local_models
+from harness.cli.flags import build_parser
+from harness.cli.plan_flags import build_plan, needs_local_models
 from tests.fake_server import Behaviour, FakeServer, render_metrics
 from tests.test_faults import ServerThread, workload
 from workloads.base import Request
@@ -242,8 +242,8 @@ def test_remote_run_with_the_default_model_neither_builds_it_nor_counts_with_it(
 ) -> None:
     """`--engine openai --base-url URL` alone: the one listed model is requested (one stderr
     line), the embedded model is never resolved, the run records what it did."""
-    from harness import app
-    from harness.cli import main
+    from harness.cli import run_command as app
+    from harness.cli.main import main
 
     def no(plan: Any) -> Any:
         raise AssertionError("the embedded model was resolved for a remote-only run")

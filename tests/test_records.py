@@ -1,4 +1,4 @@
-from harness.records import RequestRecord
+from harness.core.records import RequestRecord
 
 
 def test_json_round_trip_keeps_raw_times():

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
-from harness.plan import config_differences
+from harness.cli.main import main
+from harness.run.plan import config_differences
 
 # hf on the tiny pair, 2 prompts x 8 tokens, one repeat: a few seconds
 RUN = ("--model", "tiny", "--workload", "tiny", "--engine", "hf", "--mode", "latency",
@@ -37,7 +37,7 @@ def test_differences_name_measured_keys_only() -> None:
 
 def test_execute_reads_no_flags() -> None:
     """Every setting reaches the run through the plan: ``args`` appears only in run_main."""
-    tree = ast.parse((Path(__file__).parents[1] / "harness" / "app.py").read_text())
+    tree = ast.parse((Path(__file__).parents[1] / "harness" / "cli" / "run_command.py").read_text())
     for fn in ast.walk(tree):
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name != "run_main":
             names = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)}
@@ -99,9 +99,9 @@ def test_resume_takes_a_shipped_name_and_its_directory_as_one_model(tmp_path) ->
 
     import pytest
 
-    from harness.models import resolve_model
-    from harness.options import UsageError
-    from harness.preflight import check_resume
+    from harness.cli.options import UsageError
+    from harness.cli.preflight import check_resume
+    from harness.models.registry import resolve_model
 
     old = {"model": resolve_model("embedded"), "options": {"openai": {"count_with_model": True}}}
     (tmp_path / "journal.jsonl").write_text(json.dumps({"kind": "config", "config": old}) + "\n")

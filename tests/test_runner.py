@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from engines.base import Chunk, GenParams, Request, UnsupportedError
-from harness.load import Concurrent, Poisson, Synchronous
-from harness.runner import Runner
+from harness.core.load import Concurrent, Poisson, Synchronous
+from harness.run.runner import Runner
 from tests.clock import FakeClock, ScriptedEngine
 
 

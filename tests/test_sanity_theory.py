@@ -7,11 +7,11 @@ import random
 
 import pytest
 
-from harness.pooled import spec_totals
-from harness.records import RequestRecord
-from harness.results import Cell, Run
-from harness.sanity import blank_share, degenerate, loop_period, lossless
-from harness.theory import best_gamma, expected_tokens, predicted_speedup, theory
+from harness.analysis.pooled import spec_totals
+from harness.analysis.sanity import blank_share, degenerate, loop_period, lossless
+from harness.analysis.theory import best_gamma, expected_tokens, predicted_speedup, theory
+from harness.core.records import RequestRecord
+from harness.core.results import Cell, Run
 
 CODE = '''def merge(a, b):
     """Merge two sorted lists."""

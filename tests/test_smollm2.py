@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import models, models_smollm
+from harness.models import registry as models
+from harness.models import smollm as models_smollm
 from tests.inprocess import run_harness
 
 # Offline first-position agreement of the shipped speculators on the default workload's 4
@@ -86,7 +87,7 @@ def test_eagle3_head_is_written_in_vllms_layout(smollm2: dict[str, str], tmp_pat
     import torch
     from safetensors.torch import load_file
 
-    from harness import models_eagle3
+    from harness.models import eagle3 as models_eagle3
 
     t = Path(smollm2["target"])
     tcfg = json.loads((t / "config.json").read_text())
@@ -182,10 +183,10 @@ def test_spec_alone_plans_eagle3_for_every_engine_and_hf_says_unsupported() -> N
     """The plan keeps eagle3 for an engine without EAGLE (HF) so its cells say so."""
     import asyncio
 
-    from harness.flags import build_parser
-    from harness.plan_flags import build_plan
-    from harness.preflight import engine_methods
-    from harness.session import Session, unsupported_method
+    from harness.cli.flags import build_parser
+    from harness.cli.plan_flags import build_plan
+    from harness.cli.preflight import engine_methods
+    from harness.run.session import Session, unsupported_method
     from workloads import load_workload
 
     args = build_parser().parse_args(["--engine", "hf,vllm", "--spec", "--mode", "latency"])
@@ -215,8 +216,8 @@ def test_shipped_speculators_predict_the_targets_tokens_as_vllm_feeds_them(smoll
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from harness import models_eval
-    from harness.models_data import load_target
+    from harness.models import evaluate as models_eval
+    from harness.models.data import load_target
 
     torch.set_num_threads(1)
     target = load_target(Path(smollm2["target"]))

@@ -3,11 +3,18 @@
 import numpy as np
 import pytest
 
-from harness.analysis import compare_groups, comparisons, precise_enough
-from harness.pooled import pooled
-from harness.records import RequestRecord
-from harness.results import Cell, Run
-from harness.stats import compare_log_ratios, distribution, median, summarize, t975, verdict
+from harness.analysis.paired import compare_groups, comparisons, precise_enough
+from harness.analysis.pooled import pooled
+from harness.analysis.stats import (
+    compare_log_ratios,
+    distribution,
+    median,
+    summarize,
+    t975,
+    verdict,
+)
+from harness.core.records import RequestRecord
+from harness.core.results import Cell, Run
 
 
 def _records(rng, speed: float, n_prompts=20, tokens=64):
@@ -180,7 +187,7 @@ def test_sequential_design_claims_no_paired_verdict():
     variant, so the estimate is shown without a CI or verdict (interleaved: a verdict)."""
     from dataclasses import replace
 
-    from harness.design import INTERLEAVED, SEQUENTIAL, Slot
+    from harness.core.design import INTERLEAVED, SEQUENTIAL, Slot
 
     rng = np.random.default_rng(4)
     runs = [
@@ -202,7 +209,7 @@ def test_sequential_design_claims_no_paired_verdict():
 def test_target_ci_in_a_sequential_design_falls_back_to_each_lanes_own_ci():
     from dataclasses import replace
 
-    from harness.design import SEQUENTIAL, Slot
+    from harness.core.design import SEQUENTIAL, Slot
 
     rng = np.random.default_rng(6)
     runs = [

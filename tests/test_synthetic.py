@@ -8,9 +8,9 @@ from collections import Counter
 import pytest
 
 from engines.base import GenParams, Request
-from harness.load import Concurrent
-from harness.plan import STEADY_WAVES, Point
-from harness.runner import Runner
+from harness.core.load import Concurrent
+from harness.run.plan import STEADY_WAVES, Point
+from harness.run.runner import Runner
 from tests.clock import FakeClock, ScriptedEngine
 from workloads import Cycled, WorkloadError, load_workload, synthetic_workload
 from workloads.synthetic import (
@@ -107,7 +107,7 @@ def test_duration_stops_arrivals_and_lets_in_flight_finish() -> None:
 
 
 def test_throughput_point_sends_several_waves(embedded_pair) -> None:
-    from harness.plan import RunPlan
+    from harness.run.plan import RunPlan
 
     def plan(**kw) -> RunPlan:
         base = dict(

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from engines.base import Chunk, EngineConfig, GenParams, Request
-from harness.flags import build_parser
-from harness.plan_flags import build_plan
-from harness.session import Session
+from harness.cli.flags import build_parser
+from harness.cli.plan_flags import build_plan
+from harness.run.session import Session
 from tests.clock import FakeClock, ScriptedEngine
 
 PROMPTS = [Request(f"p{i}", "x") for i in range(4)]

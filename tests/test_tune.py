@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from engines.vllm_setup import SCHEDULE
-from harness.schedule import Pick, build_config, describe, ranges
-from harness.tune import BASELINE, Arm, Sample, Settings, expected_tokens, tune
+from harness.tune.schedule import Pick, build_config, describe, ranges
+from harness.tune.search import BASELINE, Arm, Sample, Settings, expected_tokens, tune
 
 ACC = {  # acceptance per draft position (P(first i+1 kept)), per method
     "ngram": (0.55, 0.35, 0.22, 0.14, 0.09, 0.05),
@@ -192,8 +192,8 @@ FIXED = Arm("ngram", 4)
     ],
 )
 def test_verification_says_in_its_first_line_whether_it_failed(planted, passed):
-    from harness.tune_report import markdown
-    from harness.tune_verify import verify
+    from harness.tune.report import markdown
+    from harness.tune.verify import verify
 
     truth = {}
     for load, (sched, fixed) in planted.items():
@@ -211,7 +211,7 @@ def test_verification_says_in_its_first_line_whether_it_failed(planted, passed):
 
 
 def test_picks_and_best_fixed_k_from_a_search():
-    from harness.schedule import best_fixed_k, picks
+    from harness.tune.schedule import best_fixed_k, picks
 
     engine = ScriptedLoad(_truth(EXPLICIT), seed=0)
     results = asyncio.run(tune([1, 4, 16], METHODS, engine, NO_PRUNING))
@@ -227,7 +227,7 @@ def test_picks_and_best_fixed_k_from_a_search():
 
 
 def test_round_requests_slice_the_workload_and_cycle_with_new_ids():
-    from harness.tune_app import round_requests
+    from harness.cli.tune_command import round_requests
     from workloads.base import Request
 
     reqs = [Request(id=f"p{i}", prompt=f"prompt {i}") for i in range(10)]
@@ -241,7 +241,7 @@ def test_round_requests_slice_the_workload_and_cycle_with_new_ids():
 
 
 def test_verification_fails_when_the_schedule_never_ran():
-    from harness.tune_verify import verify
+    from harness.tune.verify import verify
 
     class NoSchedule(ScriptedLoad):
         async def __call__(self, load, arms, rnd):
@@ -324,7 +324,7 @@ def test_the_sweep_stops_where_the_baseline_saturates_without_probe_runs():
 
 @pytest.mark.parametrize("seed", range(6))
 def test_runs_and_engines_stay_within_the_worst_case_said_up_front(seed):
-    from harness.tune_plan import worst_case
+    from harness.tune.budget import worst_case
 
     rng = random.Random(seed)
     loads, ks = [1, 2, 4, 8], (1, 2, 3, 4, 6)
@@ -357,7 +357,7 @@ def test_a_budget_that_is_spent_stops_races_and_the_sweep():
 
 
 def test_time_budget_counts_measured_times_and_the_verification():
-    from harness.tune_plan import TimeBudget
+    from harness.tune.budget import TimeBudget
 
     now = [0.0]
     b = TimeBudget(630, Settings(), 3, lambda load: max(4, 2 * load), now=lambda: now[0], t0=0.0)
@@ -390,7 +390,7 @@ def test_time_budget_counts_measured_times_and_the_verification():
 
 
 def test_speculation_off_everywhere_is_verified_against_fixed_k_running_the_baseline_once():
-    from harness.tune_verify import verify
+    from harness.tune.verify import verify
 
     engine = LoggedLoad({(1, FIXED): 0.8}, seed=0)
     v = asyncio.run(verify([1], [BASELINE, BASELINE, FIXED], engine, 3))
@@ -404,9 +404,9 @@ def test_an_undecided_load_emits_its_leader_only_where_its_ci_is_above_one():
     baseline above 1, else K = 0 (15:10 UTC: ngram K=6 chosen at 1.05x [0.93, 1.17], then 0.89x
     [0.81, 0.98] of the baseline in verification). A decided load keeps the point-estimate
     standard of the fixed K it is verified against (11:28 UTC); within the tolerance: off."""
-    from harness.schedule import UNDECIDED_OFF, picks
-    from harness.stats import compare_log_ratios
-    from harness.tune import Candidate, LoadResult
+    from harness.analysis.stats import compare_log_ratios
+    from harness.tune.schedule import UNDECIDED_OFF, picks
+    from harness.tune.search import Candidate, LoadResult
 
     def result(load, logs, decided):
         arm = Arm("ngram", 4)
@@ -428,8 +428,8 @@ def test_an_undecided_search_emits_k0_where_its_leader_is_not_significant(seed):
     """Planted: at load 1 ngram K=2 and K=4 1.60x and 1.57x (the race cannot split them in 4
     rounds, but both are far above the baseline: emitted), at load 4 1.15x and 1.13x under 15%
     noise (its leader not significantly faster in 4 rounds: K = 0, said in the table)."""
-    from harness.tune_report import markdown
-    from harness.tune_verify import answer
+    from harness.tune.report import markdown
+    from harness.tune.verify import answer
 
     truth = {(1, Arm("ngram", 2)): 1.60, (1, Arm("ngram", 4)): 1.57,
              (4, Arm("ngram", 2)): 1.15, (4, Arm("ngram", 4)): 1.13}  # fmt: skip
@@ -465,7 +465,7 @@ class TimedLoad:
     """A scripted engine on a fake clock (tests/clock.py): a run advances the clock by its
     planted wall time (the baseline's x 1 / planted speedup, with noise and a drift shared by the
     round); an arm's first use adds an engine start and a warm-up; it tells the budget what it
-    measured, as harness/tune_app.py's Bench does. ``slow`` scales every time (a busy machine)."""
+    measured, as harness/cli/tune_command.py's Bench does. ``slow`` scales every time (a busy machine)."""
 
     def __init__(self, clock, budget, slow=1.0, start_s=13.0, warm_s=10.0, seed=0):
         self.clock, self.budget, self.slow = clock, budget, slow
@@ -504,10 +504,10 @@ IMPORTS_S, FILES_S = 15.0, 13.0  # before the tune's first line, after the verif
 
 
 def simulate(budget_min, slow=1.0, seed=0, loads=(1, 2, 4, 8)):
-    """The whole tune as harness/tune_app.py runs it (search, answer, verification) on the
+    """The whole tune as harness/cli/tune_command.py runs it (search, answer, verification) on the
     fake clock; (wall seconds including imports and files, budget, results, answer)."""
-    from harness.tune_plan import TimeBudget
-    from harness.tune_verify import answer
+    from harness.tune.budget import TimeBudget
+    from harness.tune.verify import answer
     from tests.clock import FakeClock
 
     clock = FakeClock()

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from engines.base import DEFAULT_NGRAM
-from harness.schedule import Pick, build_config
+from harness.tune.schedule import Pick, build_config
 from tests.inprocess import run_harness
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
+from harness.cli.main import main
 from tests.servers import ServerPool
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.commands import compare, load_results
-from harness.records import RequestRecord
-from harness.results import Cell, Run
-from harness.stats import summarize
-from harness.vllm_json import export_dir, from_run, to_run
+from harness.analysis.stats import summarize
+from harness.cli.commands import compare, load_results
+from harness.core.records import RequestRecord
+from harness.core.results import Cell, Run
+from harness.report.vllm_json import export_dir, from_run, to_run
 
 
 def _run(label: str, n: int, scale: float, repeat: int = 0) -> dict:
@@ -101,7 +101,7 @@ def test_compare_takes_a_vllm_file_next_to_a_harness_file(tmp_path: Path, capsys
 def test_bad_file_is_one_line(tmp_path: Path, capsys) -> None:
     p = tmp_path / "x.json"
     p.write_text(json.dumps({"completed": 3}))
-    from harness.cli import main
+    from harness.cli.main import main
 
     assert main(["compare", str(p), str(p)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -150,8 +150,8 @@ def test_vllm_sweep_plot_reads_the_export(tmp_path: Path) -> None:
 
 
 def test_tables_show_asked_percentiles_and_a_short_peak_in_flight() -> None:
-    from harness.derived import analyze
-    from harness.markdown import render
+    from harness.analysis.derived import analyze
+    from harness.report.markdown import render
 
     res = _results([_run("baseline", 8, 1.0, r) for r in range(2)])
     runs = [Run.from_json(r) for r in res["runs"]]
@@ -168,8 +168,8 @@ def test_csv_export_of_the_per_point_table() -> None:
     import csv
     import io
 
-    from harness.derived import analyze
-    from harness.table_csv import to_csv
+    from harness.analysis.derived import analyze
+    from harness.report.table_csv import to_csv
 
     res = _results([_run(lb, 8, s, r) for lb, s in (("baseline", 1.0), ("ngram", 0.5))
                     for r in range(3)])  # fmt: skip

@@ -67,7 +67,7 @@ def test_available_and_shipped_files_valid() -> None:
 
 
 def test_default_is_chat_across_categories_and_held_out() -> None:
-    from harness.models_data import held_out
+    from harness.models.data import held_out
 
     w = load_workload("default")
     assert w.fmt == "native" and len(w) == 4

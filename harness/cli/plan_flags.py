@@ -1,0 +1,329 @@
+"""Flags -> a validated :class:`~harness.run.plan.RunPlan`: the models a name stands for, the
+dataset, the speculative variants and the per-engine options; every check that needs no model."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from engines.base import REGISTRY, engine_class
+from engines.local_model import missing_path
+from harness.cli.options import UsageError, goodput, json_arg, kv_args, variant_urls
+from harness.cli.vllm_flags import api_root
+from harness.core.design import PER_BLOCK
+from harness.run.lanes import can_rebuild
+from harness.run.plan import RunPlan, check_engines, parse_methods
+
+# 4 prompts x 32 tokens: with a fresh engine per block (4 builds and closes, ~20-30 s a block)
+# the main job took 10 min 47 s at 40 tokens (fresh clone, 2026-11-30 20:30 UTC)
+DEFAULT_MAX_NEW_TOKENS = 32
+DEFAULT_CONCURRENCY = 4  # one load point: 4 in flight (the main job must fit 10 min on 2 cores)
+
+# --token-ids: forced on, forced off, or (None) as the run needs: when it compares outputs or a
+# speculative variant streams several tokens per event
+TOKEN_IDS = {"on": True, "off": False, "auto": None}
+
+
+def build_plan(
+    args: argparse.Namespace, model: str, draft: str | None, eagle3: str | None = None
+) -> RunPlan:
+    """The plan of the run (``args.dataset`` from :func:`resolve_dataset`, called if need be)."""
+    if getattr(args, "dataset", None) is None:
+        resolve_dataset(args)
+    engines = tuple(e.strip() for e in args.engine.split(",") if e.strip())
+    check_engines(engines)
+    if args.instances == PER_BLOCK:
+        fixed = [e for e in engines if not can_rebuild(e)]
+        if fixed:
+            raise UsageError(
+                f"--instances per-block: --engine {fixed[0]} cannot start a fresh instance per "
+                "block (its server keeps running); use --instances one"
+            )
+    methods = parse_methods(args.spec)
+    spec_config = spec_config_arg(args.spec_config)
+    if spec_config is not None and "method" not in spec_config:
+        raise UsageError('--spec-config: the object needs a "method" key (e.g. "ngram")')
+    if args.aa and (methods or spec_config or args.no_baseline):
+        raise UsageError(
+            "--aa compares the baseline with itself; drop --spec, --spec-config and --no-baseline"
+        )
+    if args.no_baseline and not (methods or spec_config):
+        raise UsageError("--no-baseline needs --spec or --spec-config: nothing would run")
+    if args.spec is not None and args.spec != "all" and "draft_model" in methods and not draft:
+        raise UsageError(
+            "--spec draft_model needs --draft-model (no shipped draft for this --model)"
+        )
+    if args.spec is not None and args.spec != "all" and "eagle3" in methods and not eagle3:
+        raise UsageError(
+            "--spec eagle3 needs a head: --spec-config "
+            '\'{"method": "eagle3", "model": PATH, "num_speculative_tokens": 4}\' '
+            "(the shipped family has one: --model embedded)"
+        )
+    engine_args = {
+        **(json_arg("--engine-args", args.engine_args) or {}),
+        **kv_args(args.engine_arg),
+    }
+    modes = ("latency", "throughput") if args.mode == "both" else (args.mode,)
+    if args.concurrency and args.mode == "latency":
+        raise UsageError("--concurrency applies to throughput mode; use --mode throughput or both")
+    if args.request_rate and args.mode == "latency":
+        raise UsageError("--request-rate applies to throughput mode; use --mode throughput or both")
+    if args.duration and args.mode == "latency":
+        raise UsageError("--duration applies to throughput mode; use --mode throughput or both")
+    if args.min_effect < 0 or args.min_effect >= 1:
+        raise UsageError("--min-effect: expected a fraction in [0, 1), e.g. 0.02")
+    if args.max_error_rate is not None and not 0 <= args.max_error_rate <= 1:
+        raise UsageError("--max-error-rate: expected a fraction in [0, 1]")
+    workers = getattr(args, "client_workers", 1)
+    if workers > 1:
+        from harness.run.client_workers import refusal
+
+        why = refusal(engines, workers)
+        if why:
+            raise UsageError(why)
+    speculative = bool(methods or spec_config)
+    compares = speculative or args.aa or len(engines) > 1
+    options = engine_options(args, engines, speculative, compares)
+    return RunPlan(
+        engines=engines,
+        model=model,
+        draft_model=draft,
+        tokenizer=args.tokenizer,
+        spec_methods=methods,
+        num_spec_tokens=tuple(args.num_spec_tokens),
+        spec_config=spec_config,
+        baseline=not args.no_baseline,
+        modes=modes,
+        concurrency=tuple(args.concurrency or ([] if args.request_rate else [DEFAULT_CONCURRENCY])),
+        request_rates=tuple(args.request_rate or ()),
+        burstiness=args.burstiness,
+        max_new_tokens=tuple(args.max_new_tokens or [_default_length(args)]),
+        lengths_from_workload=args.max_new_tokens is None,
+        duration=args.duration,
+        fill_concurrency=args.num_prompts is None and args.duration is None,
+        metric_percentiles=tuple(args.metric_percentiles or (50.0, 90.0, 99.0)),
+        percentile_metrics=_percentile_table(args),
+        metadata=dict(args.metadata),
+        repeats=args.repeats,
+        warmup=args.warmup,
+        warmup_tokens=args.warmup_tokens,
+        target_ci=args.target_ci,
+        max_repeats=max(args.max_repeats, args.repeats) if args.target_ci else args.repeats,
+        seed=args.seed,
+        workload=args.dataset.workload,
+        dtype=args.dtype,
+        device=args.device,
+        engine_args=engine_args,
+        options=options,
+        prefix_cache=args.prefix_cache,
+        aa=args.aa,
+        eagle3_model=eagle3,
+        client_workers=workers,
+        temperature=args.temperature,
+        ignore_eos=args.ignore_eos,
+        token_ids=getattr(args, "token_ids", "auto"),
+        num_prompts=args.num_prompts,
+        turn=args.turn,
+        interleave=not args.sequential,
+        instances=args.instances,
+        sample_load_s=args.sample_server_load,
+        max_error_rate=args.max_error_rate,
+        min_effect=args.min_effect,
+        goodput=goodput(args.goodput),
+        plots=not args.no_plots,
+        progress=not args.quiet,
+        save_vllm_json=args.save_vllm_json,
+        result_filename=args.result_filename,
+        resume=args.resume is not None,
+    )
+
+
+def engine_options(
+    args: argparse.Namespace, engines: tuple[str, ...], speculative: bool, compares: bool = False
+) -> dict[str, dict[str, Any]]:
+    """Each engine's options from the run-level flags it declares (``Engine.run_flags``; what
+    they mean is the engine's: ``Engine.options_from``); --base-url only where one takes it.
+    ``compares``: the run compares outputs (several variants or engines), so ``--token-ids
+    auto`` asks for the ids."""
+    # vLLM's bench serve server root (http://host:8000) means .../v1 here
+    urls = [api_root(u) for u in args.base_url] if args.base_url else None
+    flags = {
+        "base_url": urls,
+        "variant_urls": variant_urls(urls),
+        "request_timeout": args.request_timeout,
+        "max_concurrency": max(args.concurrency or [DEFAULT_CONCURRENCY]),
+        "endpoint": args.endpoint,
+        "api_key_env": args.api_key_env,
+        "api_key_file": args.api_key_file,
+        "served_model": args.served_model,
+        "server_start_timeout": args.server_start_timeout,
+        "model_named": getattr(args, "model_named", False),
+        "ignore_eos": args.ignore_eos,
+        "extra_body": json_arg("--extra-body", getattr(args, "extra_body", None)),
+    }
+    flags["token_ids"], flags["token_ids_why"] = _token_ids(
+        getattr(args, "token_ids", "auto"), compares or speculative
+    )
+    options = {e: engine_class(e).options_from(flags, speculative) for e in engines}
+    if urls and not _takers("base_url", engines):
+        own = [n for n in REGISTRY if engine_class(n).capabilities.managed]
+        raise UsageError(
+            f"--base-url is for --engine {' or '.join(_takers('base_url'))} "
+            f"({', '.join(own)} start their own)"
+        )
+    if flags["extra_body"] is not None and not _takers("extra_body", engines):
+        raise UsageError(
+            f"--extra-body is for the HTTP engines ({', '.join(_takers('extra_body'))})"
+        )
+    return {e: o for e, o in options.items() if o}
+
+
+def _takers(flag: str, engines: Sequence[str] | None = None) -> list[str]:
+    """The engines (of ``engines``, default every registered one) whose run flags take ``flag``."""
+    return [
+        n for n in (REGISTRY if engines is None else engines) if flag in engine_class(n).run_flags
+    ]
+
+
+def _token_ids(flag: str, needed: bool) -> tuple[bool | None, str | None]:
+    """(whether to ask for ids, why): on/off as forced; auto: True when the run compares outputs
+    (a speculative variant, --aa, several engines), else None: the engine asks for ids only if
+    its server speculates (several tokens per event) and says why itself."""
+    forced = TOKEN_IDS[flag]
+    if forced is not None:
+        return forced, f"--token-ids {flag}"
+    if needed:
+        return True, "--token-ids auto: the run compares outputs"
+    return None, None
+
+
+def spec_config_arg(value: str | None) -> dict[str, Any] | None:
+    """``--spec-config``: inline JSON, ``@file.json`` or a path (what ``harness tune`` emits)."""
+    if value is None or value.lstrip().startswith("{"):
+        return json_arg("--spec-config", value)
+    path = Path(value[1:] if value.startswith("@") else value).expanduser()
+    if not value.startswith("@") and not path.exists():
+        return json_arg("--spec-config", value)  # neither JSON nor a file: say why as JSON
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise UsageError(f"--spec-config: {path}: {reason}") from None
+    return json_arg(f"--spec-config: {path}", text)
+
+
+def _percentile_table(args: argparse.Namespace) -> tuple[str, ...]:
+    """The metrics of the percentile table: asked for by either vLLM flag, else none."""
+    from harness.cli.vllm_flags import PERCENTILE_METRICS
+
+    if args.percentile_metrics is None and args.metric_percentiles is None:
+        return ()
+    return tuple(args.percentile_metrics or PERCENTILE_METRICS)
+
+
+def _default_length(args: argparse.Namespace) -> int:
+    """A synthetic dataset's output length names its points; else the default."""
+    if args.dataset.workload == "random":
+        return args.random_output_len
+    if args.dataset.workload == "prefix_repetition":
+        return args.prefix_repetition_output_len
+    return DEFAULT_MAX_NEW_TOKENS
+
+
+def resolve_dataset(args: argparse.Namespace) -> None:
+    """--dataset-name/--dataset-path (vLLM bench serve's) or --workload, into ``args.dataset``;
+    a synthetic dataset implies --ignore-eos and vLLM's default of 1000 prompts."""
+    from harness.cli.vllm_flags import dataset_choice
+
+    try:
+        args.dataset = dataset_choice(
+            args.workload,
+            args.workload != "default",
+            args.workload_format,
+            args.dataset_name,
+            args.dataset_path,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.dataset.synthetic:
+        from workloads.synthetic import parse_range_ratio
+
+        parse_range_ratio(args.random_range_ratio)  # a bad ratio is reported before loading
+        args.ignore_eos = True
+        if args.num_prompts is None and args.duration is None:
+            args.num_prompts = 1000
+
+
+def load_dataset(args: argparse.Namespace, model: str) -> Any:
+    """The workload: a file (shipped or the user's) or prompts made with the target's tokenizer."""
+    from workloads import load_workload, synthetic_workload
+    from workloads.synthetic import PrefixRepetitionSpec, RandomSpec, parse_range_ratio
+
+    choice = args.dataset
+    if not choice.synthetic:
+        return load_workload(
+            choice.workload,
+            fmt=choice.fmt,
+            num_prompts=args.num_prompts,
+            seed=args.seed,
+            turn=args.turn,
+        )
+    if choice.workload == "random":
+        spec: Any = RandomSpec(
+            args.random_input_len,
+            args.random_output_len,
+            parse_range_ratio(args.random_range_ratio),
+            args.random_prefix_len,
+        )
+    else:
+        spec = PrefixRepetitionSpec(
+            args.prefix_repetition_prefix_len,
+            args.prefix_repetition_suffix_len,
+            args.prefix_repetition_num_prefixes,
+            args.prefix_repetition_output_len,
+        )
+    n = args.num_prompts or 1000
+    return synthetic_workload(choice.workload, args.tokenizer or model, n, spec, args.seed)
+
+
+def model_names(args: argparse.Namespace) -> tuple[str, str | None, str | None]:
+    """(target, draft, EAGLE-3 head) as named: --model, --draft-model or the shipped draft of a
+    shipped --model, and the shipped head (None for other models)."""
+    from harness.models.registry import companion
+
+    draft = args.draft_model or companion(args.model, "draft")
+    return args.model, draft, companion(args.model, "eagle3")
+
+
+def needs_local_models(plan: RunPlan, synthetic: bool, named: bool) -> bool:
+    """Whether the run's models must be local files (a shipped family assembled on first use):
+    an engine loads or starts one, a synthetic dataset is made with the target's tokenizer, or
+    the user named ``--model`` (its tokenizer then counts what a remote server does not). Only
+    servers given by URL (engines that take ``--base-url``) with the default ``--model`` on a
+    file workload need none: no foreign server serves the shipped default."""
+    remote = all("base_url" in engine_class(e).run_flags for e in plan.engines)
+    return named or synthetic or not remote
+
+
+def resolve_models(plan: RunPlan) -> RunPlan:
+    """The plan with its models as paths: a shipped family's directories when a name is one
+    ("embedded" = SmolLM2, "tiny"), assembled on first use; else the user's ids/paths unchanged."""
+    from harness.models import registry as models
+
+    names = (plan.model, plan.draft_model, plan.eagle3_model)
+    try:
+        for name in names:
+            fam = models.parse_name(name) if name else None
+            if fam is not None:
+                models.ensure_family(fam[0], progress=plan.progress)
+        model, draft, head = (models.resolve_model(n) if n else None for n in names)
+    except (ValueError, models.EmbeddedModelMissing) as exc:
+        raise UsageError(str(exc)) from None
+    for flag, value in (("--model", model), ("--draft-model", draft)):
+        if value and missing_path(value):
+            raise UsageError(f"{flag}: {value}: no such file or directory")
+    assert model is not None
+    return replace(plan, model=model, draft_model=draft, eagle3_model=head)

@@ -1,0 +1,204 @@
+"""The main job: flags -> validated plan (``harness.cli.plan_flags``, ``harness.cli.preflight``) ->
+session -> results (``harness.cli.finalize``); Ctrl-C and failures still write what finished."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from engines.base import EngineConfig, EngineError, engine_class
+from harness.cli.finalize import finalize
+from harness.cli.options import UsageError
+from harness.cli.plan_flags import (
+    build_plan,
+    load_dataset,
+    model_names,
+    needs_local_models,
+    resolve_dataset,
+    resolve_models,
+)
+from harness.cli.preflight import (
+    check_endpoint,
+    check_models,
+    check_resume,
+    check_servers,
+    engine_methods,
+    output_dir,
+    validate_configs,
+    variant_servers,
+)
+from harness.core.results import Run
+from harness.run.journal import Journal, new_session_id, recorded_session, runs_from_journal
+from harness.run.plan import PlanError, RunPlan
+
+if TYPE_CHECKING:
+    from workloads import Workload
+
+GRACE_S = 5.0  # in-flight requests get this long after Ctrl-C before they are cancelled
+
+
+def run_main(args: argparse.Namespace) -> int:
+    """Flags -> one validated, frozen plan (every setting; nothing below reads ``args``) -> run."""
+    from workloads import WorkloadError
+
+    if args.quiet:  # before any engine imports vLLM: its INFO lines are progress, not results
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+    try:
+        resolve_dataset(args)
+        if not args.dataset.synthetic:  # a bad file is reported before anything loads
+            workload = load_dataset(args, args.model)
+        plan = build_plan(args, *model_names(args))  # every flag checked before models load
+        out = output_dir(args)
+        if needs_local_models(plan, args.dataset.synthetic, args.model_named):
+            plan = resolve_models(plan)
+        if args.dataset.synthetic:  # made with the target's tokenizer
+            workload = load_dataset(args, plan.model)
+        plan = replace(plan, workload_fingerprint=workload.fingerprint)
+        check_resume(plan, out)
+        configs = variant_servers(plan.engine_configs(engine_methods(plan)))
+        check_models(plan)
+        check_endpoint(configs, workload.requests)
+        check_servers(configs)
+        validate_configs(plan, configs)
+    except (UsageError, PlanError, EngineError, WorkloadError) as exc:
+        raise UsageError(str(exc)) from None
+    return asyncio.run(_execute(plan, configs, workload, out))
+
+
+async def _execute(
+    plan: RunPlan, configs: list[tuple[str, EngineConfig]], workload: Workload, out: Path
+) -> int:
+    from harness.run.session import Session
+
+    out.mkdir(parents=True, exist_ok=True)
+    configs = [  # a managed server's log is saved beside the results
+        (
+            label,
+            replace(c, options={**c.options, "log_path": str(out / f"{c.engine}-{label}.log")}),
+        )
+        if engine_class(c.engine).capabilities.managed
+        else (label, c)
+        for label, c in configs
+    ]
+    previous, done = runs_from_journal(out / "journal.jsonl") if plan.resume else ([], set())
+    journal = Journal(out / "journal.jsonl")
+    if not plan.resume:  # what --resume compares with (harness.cli.preflight.check_resume)
+        journal.write("config", {"config": plan.to_json()})
+    # one session marker for the run and every --resume of it: compare pairs within it only
+    session_id = recorded_session(out / "journal.jsonl") if plan.resume else None
+    if session_id is None:
+        session_id = new_session_id()
+        journal.write("session", {"session": session_id})
+    session = Session(
+        plan,
+        workload.requests,
+        journal=journal,
+        done=done,
+        progress=plan.progress,
+    )
+    session.runs.extend(r for r in previous if r.cell.key in done)
+    loop = asyncio.get_running_loop()
+    main_task = asyncio.current_task()
+    interrupted: list[str] = []
+
+    def on_signal(name: str) -> None:
+        if interrupted:  # second signal: stop now
+            main_task.cancel()
+            return
+        interrupted.append(name)
+        session.stop.set(f"{name} received")
+        print(
+            f"\n[harness] {name}: stopping; in-flight requests get {GRACE_S:g} s", file=sys.stderr
+        )
+        loop.call_later(GRACE_S, lambda: exec_task.cancel())
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, on_signal, sig.name)
+    exec_task = asyncio.ensure_future(session.execute(configs))
+    error: str | None = None
+    try:
+        await exec_task
+    except asyncio.CancelledError:
+        pass
+    except Exception as exc:  # finish writing whatever finished, then report
+        from harness.run.runner import error_line
+
+        error = error_line(exc)
+    finally:
+        journal.close()
+    runs = session.runs
+    if interrupted or error:
+        # the journal holds every record that finished, including cells cut mid-way
+        journaled, _ = runs_from_journal(out / "journal.jsonl")
+        have = {r.cell.key for r in runs}
+        runs = runs + [r for r in journaled if r.cell.key not in have]
+    status = "complete"
+    if interrupted:
+        status = f"interrupted ({interrupted[0]})"
+    elif error:
+        status = f"failed: {error}"
+    elif session.stop:
+        status = f"stopped: {session.stop.reason}"
+    design = session.design_record([f"{c.engine}/{label}" for label, c in configs])
+    results = finalize(out, plan, workload, runs, status, design=design, session=session_id)
+    if plan.save_vllm_json:
+        from harness.report.vllm_json import export_dir
+
+        written = export_dir(results, out, plan.result_filename)
+        print(f"[harness] vLLM bench result files: {written}", file=sys.stderr)
+    summary = (out / "summary.md").read_text()
+    if not interrupted:
+        print(summary)
+    print(
+        f"[harness] results: {out / 'results.json'}  summary: {out / 'summary.md'}", file=sys.stderr
+    )
+    if interrupted:
+        print(f"error: interrupted by {interrupted[0]}; partial results in {out}", file=sys.stderr)
+        return 130
+    if error:
+        print(f"error: {error}; partial results in {out}", file=sys.stderr)
+        return 1
+    why = run_failure(runs) or (
+        None if results["status"] == "complete" else f"run {results['status']}"
+    )
+    if why:  # e.g. "run stopped: error rate 50% > --max-error-rate 20%"
+        print(f"error: {why}; results in {out}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_failure(runs: list[Run]) -> str | None:
+    """Why the run as a whole failed, else None: an engine did not start, or one engine/variant
+    that ran had no successful request (a comparison with one side at 0/N is no comparison).
+    Some failed requests are not a failed run (the table counts them)."""
+    for r in runs:
+        if r.status.startswith("failed: engine did not start"):
+            return f"{r.cell.engine} [{r.cell.label}] {r.status.removeprefix('failed: ')}"
+    sides: dict[str, list[Run]] = {}
+    for r in runs:
+        if not r.status.startswith("unsupported"):
+            sides.setdefault(f"{r.cell.engine} [{r.cell.label}]", []).append(r)
+    for side, tried in sides.items():
+        records = [rec for r in tried for rec in r.records if not rec.warmup]
+        if any(rec.ok for rec in records):
+            continue
+        if not records and not any(r.status.startswith("failed") for r in tried):
+            continue  # stopped or interrupted before it sent anything: it did not run
+        first = next((rec.error for rec in records if rec.error), None)
+        if first is None and not records:
+            first = next(
+                (r.status.removeprefix("failed: ") for r in tried if r.status.startswith("failed")),
+                None,
+            )
+        e_g = f", e.g. {first}" if first else ""
+        return f"{side}: no request succeeded ({len(records)} failed{e_g})"
+    return None

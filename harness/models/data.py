@@ -1,0 +1,231 @@
+"""The self-distillation data of SmolLM2's speculators (``harness.models.train``): training
+prompts (never the held-out ones the default workload uses), the target's greedy outputs with its
+hidden states [2], [15], [27] at every position, teacher-forced labels and the reduced vocabulary
+of the EAGLE-3 head."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.models import smollm as sm
+from harness.models.optim import torch_threads as _torch
+
+WORK = sm.CACHE_DIR.parent / "train"
+DATA = Path(__file__).resolve().parents[2] / "workloads" / "data"
+DRAFT_VOCAB = 8192
+GEN_TOKENS = 96
+TRAIN_PROMPTS = 256
+MAX_PROMPT = 192  # prompt tokens: prefill is most of the cost of each sequence
+
+
+def load_target(target: Path) -> Any:
+    torch = _torch()
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    m.eval()
+    return m
+
+
+def held_out() -> set[str]:
+    """Never trained on: the first ``HELD_OUT`` prompts of each category (Spec-Bench order, then
+    the code edits); the default workload draws from them, so its acceptance is held out."""
+    from workloads.make_grounded import HELD_OUT
+
+    seen: dict[str, int] = {}
+    held = set()
+    for r in all_prompts():
+        seen[r["category"]] = seen.get(r["category"], 0) + 1
+        if seen[r["category"]] <= HELD_OUT:
+            held.add(r["id"])
+    return held
+
+
+def all_prompts() -> list[dict[str, Any]]:
+    """Spec-Bench first turns + grounded code edits, as single user turns."""
+    rows = []
+    for line in (DATA / "specbench_question.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        rows.append(
+            {"id": str(r["question_id"]), "category": r["category"], "prompt": r["turns"][0]}
+        )
+    for line in (DATA / "grounded.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["category"] == "code_edit":
+            rows.append({"id": r["id"], "category": r["category"], "prompt": r["prompt"]})
+    return rows
+
+
+def pick_prompts(tok: Any, n: int, seed: int) -> list[dict[str, Any]]:
+    """Up to ``n`` training prompts of at most MAX_PROMPT tokens (chat template applied), an
+    even share per category, seeded; never a held-out one."""
+    held = held_out()
+    by_cat: dict[str, list[dict[str, Any]]] = {}
+    for r in all_prompts():
+        if r["id"] in held:
+            continue
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": r["prompt"]}], add_generation_prompt=True, tokenize=False
+        )
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        if len(ids) <= MAX_PROMPT:
+            by_cat.setdefault(r["category"], []).append({**r, "prompt_ids": list(ids)})
+    rng = random.Random(seed)
+    for rows in by_cat.values():
+        rng.shuffle(rows)
+    out: list[dict[str, Any]] = []
+    while len(out) < n and any(by_cat.values()):
+        for cat in sorted(by_cat):
+            if by_cat[cat] and len(out) < n:
+                out.append(by_cat[cat].pop())
+    return out
+
+
+def generate(
+    model: Any,
+    prompts: list[dict[str, Any]],
+    n: int,
+    batch: int = 32,
+    progress: bool = True,
+    parts: Path | None = None,
+    deadline: float = float("inf"),
+) -> list[dict[str, Any]]:
+    """The target's greedy outputs and, at every position, the fp16 concat of its hidden states
+    [2], [15], [27] (what vLLM hands an EAGLE-3 head): one batched HF greedy loop, left padding,
+    KV cache, logits only for the last position."""
+    torch = _torch()
+    eos = model.config.eos_token_id
+    out: list[dict[str, Any]] = []
+    order = list(range(len(prompts)))  # round-robin over categories: each batch mixes them
+    t0 = time.perf_counter()
+    for b0 in range(0, len(order), batch):
+        part = parts / f"{b0 // batch:04d}.pt" if parts else None
+        if part is not None and part.is_file():
+            out.extend(torch.load(part))
+            continue
+        if time.perf_counter() > deadline:
+            break
+        rows = [prompts[i] for i in order[b0 : b0 + batch]]
+        first = len(out)
+        L = max(len(r["prompt_ids"]) for r in rows)
+        ids = torch.full((len(rows), L), eos, dtype=torch.long)
+        mask = torch.zeros((len(rows), L), dtype=torch.long)
+        for j, r in enumerate(rows):
+            p = r["prompt_ids"]
+            ids[j, L - len(p) :] = torch.tensor(p)
+            mask[j, L - len(p) :] = 1
+        feats, toks = [], []
+        past, cur, done = None, ids, torch.zeros(len(rows), dtype=torch.bool)
+        with torch.no_grad():
+            for _ in range(n):
+                pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, -cur.shape[1] :]
+                o = model.model(
+                    input_ids=cur,
+                    attention_mask=mask,
+                    position_ids=pos,
+                    past_key_values=past,
+                    use_cache=True,
+                    output_hidden_states=True,
+                )
+                past = o.past_key_values
+                hs = o.hidden_states
+                feats.append(torch.cat([hs[k] for k in sm.EAGLE3_LAYERS], -1).to(torch.float16))
+                nxt = model.lm_head(o.last_hidden_state[:, -1]).argmax(-1)
+                nxt = torch.where(done, torch.full_like(nxt, eos), nxt)
+                toks.append(nxt)
+                done |= nxt == eos
+                if bool(done.all()):
+                    break
+                cur = nxt[:, None]
+                mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long)], 1)
+        f = torch.cat(feats, 1)
+        t = torch.stack(toks, 1)
+        for j, r in enumerate(rows):
+            outs = t[j].tolist()
+            if eos in outs:
+                outs = outs[: outs.index(eos) + 1]
+            p = len(r["prompt_ids"])
+            seq = r["prompt_ids"] + outs
+            feat = f[j, L - p : L - p + len(seq) - 1]  # positions 0..T-2 (the last feeds nothing)
+            out.append(
+                {
+                    "id": r["id"],
+                    "category": r["category"],
+                    "prompt_ids": r["prompt_ids"],
+                    "output_ids": outs,
+                    "ids": torch.tensor(seq),
+                    "prompt_len": p,
+                    "feat": feat.clone(),
+                }
+            )
+        if part is not None:  # each batch kept as it finishes: an interrupted run resumes
+            part.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(out[first:], part.with_suffix(".tmp"))
+            part.with_suffix(".tmp").rename(part)
+        if progress:
+            done_n = min(b0 + batch, len(order))
+            print(
+                f"generate {done_n}/{len(order)} {time.perf_counter() - t0:.0f}s", file=sys.stderr
+            )
+    return out
+
+
+def add_labels(model: Any, data: list[dict[str, Any]], progress: bool = True) -> float:
+    """``labels[t]``: the target's greedy next token after position t, teacher-forced, for the
+    prompt positions too (more training positions for the price of the last 3 layers: they run
+    on the stored residual stream after layer 27, hidden_states[27]). Returns the share of
+    output positions where it equals the generated token (~1; fp16 features)."""
+    torch = _torch()
+    h = model.config.hidden_size
+    layers = list(model.model.layers)
+    model.model.layers = torch.nn.ModuleList(layers[max(sm.EAGLE3_LAYERS) :])
+    same = n = 0
+    try:
+        with torch.no_grad():
+            for i, d in enumerate(data):
+                x = d["feat"][:, 2 * h :].float()[None]
+                pos = torch.arange(x.shape[1])[None]
+                out = model.model(inputs_embeds=x, position_ids=pos).last_hidden_state[0]
+                d["labels"] = model.lm_head(out).argmax(-1)
+                p = d["prompt_len"]
+                same += int((d["labels"][p - 1 :] == d["ids"][p:]).sum())
+                n += len(d["ids"]) - p
+                if progress and i % 16 == 0:
+                    print(f"labels {i}/{len(data)}", file=sys.stderr)
+    finally:
+        model.model.layers = torch.nn.ModuleList(layers)
+    return same / max(1, n)
+
+
+def draft_vocab(seqs: list[dict[str, Any]], size: int = DRAFT_VOCAB) -> Any:
+    """The ``size`` most frequent output tokens (ties by id), sorted: EAGLE-3's reduced vocab."""
+    torch = _torch()
+    counts = torch.zeros(49152, dtype=torch.long)
+    for s in seqs:
+        counts += torch.bincount(torch.tensor(s["output_ids"], dtype=torch.long), minlength=49152)
+        counts += torch.bincount(torch.tensor(s["prompt_ids"], dtype=torch.long), minlength=49152)
+    order = sorted(range(49152), key=lambda i: (-int(counts[i]), i))[:size]
+    return torch.tensor(sorted(order), dtype=torch.long)
+
+
+def load_data(
+    target: Path, seed: int, progress: bool, data_seconds: float = float("inf")
+) -> tuple[Any, list[dict[str, Any]], float]:
+    """(target model, sequences with features, seconds spent generating); batches are cached
+    in WORK/parts-*/ and generation stops after ``data_seconds`` (a build on a busy machine
+    trains on what it has; the count is recorded)."""
+    from transformers import AutoTokenizer
+
+    model = load_target(target)
+    t0 = time.perf_counter()
+    prompts = pick_prompts(AutoTokenizer.from_pretrained(target), TRAIN_PROMPTS, seed)
+    parts = WORK / f"parts-{seed}-{TRAIN_PROMPTS}-{MAX_PROMPT}-{GEN_TOKENS}"
+    data = generate(
+        model, prompts, GEN_TOKENS, progress=progress, parts=parts, deadline=t0 + data_seconds
+    )
+    return model, data, time.perf_counter() - t0

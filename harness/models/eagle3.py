@@ -1,0 +1,267 @@
+"""An EAGLE-3 head for SmolLM2 in vLLM's layout (``vllm/model_executor/models/llama_eagle3.py``,
+``LlamaForCausalLMEagle3``), written in plain torch to train it here.
+
+The head sees the target's residual stream after layers 2, 15, 27 (each RMS-normed: ``fc_norm``,
+because those layers carry activations near 2e4), projects them with ``fc`` to 576, and runs one
+decoder layer whose attention takes ``[norm(embed(token)), norm(hidden)]`` (2 x 576 inputs). Its
+``lm_head`` covers a reduced vocabulary of 8,192 tokens mapped back by ``d2t`` and stays equal to
+the target's tied head rows (frozen, so it is assembled from the target, not committed).
+
+Training-time test (EAGLE-3): step k >= 2 at position t takes the step k-1 output at t-1 as its
+hidden input and attends to step 1's keys up to t-k+1 plus its own chain's keys, as at inference.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from harness.models import smollm as sm
+
+TTT_STEPS = 3
+STEP_WEIGHTS = (1.0, 0.8, 0.6)
+MAX_HEAD_CONTEXT = 512  # the head attends over at most this many positions while training
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, n: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        var = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(var + self.eps))
+
+
+def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """Neox-style rotary embedding (vLLM's Llama): x [heads, T, d]."""
+    d = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    ang = pos.float()[:, None] * inv[None, :]
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class Eagle3Head(nn.Module):
+    def __init__(self, cfg: dict[str, Any], embed: torch.Tensor, vocab: torch.Tensor) -> None:
+        super().__init__()
+        h, eps = cfg["hidden_size"], cfg["rms_norm_eps"]
+        self.heads, self.kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+        self.head_dim = cfg.get("head_dim") or h // self.heads
+        self.theta = cfg["rope_parameters"]["rope_theta"]
+        inter = cfg["intermediate_size"]
+        self.fc_norm = nn.ModuleList([RMSNorm(h, eps) for _ in sm.EAGLE3_LAYERS])
+        self.fc = nn.Linear(h * len(sm.EAGLE3_LAYERS), h, bias=False)
+        self.input_layernorm, self.hidden_norm = RMSNorm(h, eps), RMSNorm(h, eps)
+        self.post_attention_layernorm, self.norm = RMSNorm(h, eps), RMSNorm(h, eps)
+        self.q_proj = nn.Linear(2 * h, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * h, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * h, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, h, bias=False)
+        self.gate_proj = nn.Linear(h, inter, bias=False)
+        self.up_proj = nn.Linear(h, inter, bias=False)
+        self.down_proj = nn.Linear(inter, h, bias=False)
+        self.register_buffer("embed", embed, persistent=False)  # the target's, frozen
+        self.register_buffer("lm_head", embed[vocab].clone(), persistent=False)
+
+    def combine(self, feat: torch.Tensor) -> torch.Tensor:
+        chunks = feat.float().chunk(len(self.fc_norm), dim=-1)
+        return self.fc(torch.cat([n(c) for n, c in zip(self.fc_norm, chunks)], -1))
+
+    def step(
+        self,
+        tokens: torch.Tensor,
+        hidden: torch.Tensor,
+        pos: torch.Tensor,
+        past: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """One unroll step over T positions: (normed out, prenorm out, this step's (k, v)).
+
+        ``past`` holds the (k, v) of earlier steps; step k's query at t attends step 1 at
+        positions <= t-k+1 and step j >= 2 at position t-k+j (its own chain).
+        """
+        T = tokens.shape[0]
+        residual = hidden
+        x = torch.cat([self.input_layernorm(self.embed[tokens]), self.hidden_norm(hidden)], -1)
+        q = self.q_proj(x).view(T, self.heads, self.head_dim).transpose(0, 1)
+        k = self.k_proj(x).view(T, self.kv_heads, self.head_dim).transpose(0, 1)
+        v = self.v_proj(x).view(T, self.kv_heads, self.head_dim).transpose(0, 1)
+        q, k = _rope(q, pos, self.theta), _rope(k, pos, self.theta)
+        n = len(past) + 1  # this step's number
+        ks = [p[0] for p in past] + [k]
+        vs = [p[1] for p in past] + [v]
+        t = torch.arange(T)
+        masks = [t[None, :] <= (t[:, None] - n + 1)]  # step 1: causal up to the chain origin
+        masks += [t[None, :] == (t[:, None] - n + j) for j in range(2, n + 1)]
+        mask = torch.cat(masks, dim=1)
+        rep = self.heads // self.kv_heads
+        kk = torch.cat(ks, dim=1).repeat_interleave(rep, 0)
+        vv = torch.cat(vs, dim=1).repeat_interleave(rep, 0)
+        att = nn.functional.scaled_dot_product_attention(q[None], kk[None], vv[None], mask[None])
+        o = self.o_proj(att[0].transpose(0, 1).reshape(T, -1))
+        residual = o + residual
+        y = self.post_attention_layernorm(residual)
+        y = self.down_proj(nn.functional.silu(self.gate_proj(y)) * self.up_proj(y))
+        pre = y + residual
+        return self.norm(pre), pre, (k, v)
+
+
+def _unroll(head: Eagle3Head, s: dict[str, Any], vocab: torch.Tensor, steps: int) -> list[Any]:
+    """Per step: (logits over the draft vocab, label index, label is a generated token).
+
+    Position t: hidden f[t], token x[t+1], label = the target's greedy token after t+1
+    (``labels[t+1]``; the generated x[t+2] in the output). Step 1 learns at every position;
+    later steps only in the output, where x[t+1] is what the chain would have drafted."""
+    ids, p, feat, labels = s["ids"], s["prompt_len"], s["feat"], s["labels"]
+    start = max(0, p - MAX_HEAD_CONTEXT)
+    ids, feat, labels, p = ids[start:], feat[start:], labels[start:], p - start
+    T = len(ids) - 2
+    tokens, target = ids[1 : T + 1], labels[1 : T + 1]
+    pos = torch.arange(T)
+    lab = torch.searchsorted(vocab, target).clamp(max=len(vocab) - 1)
+    inside = vocab[lab] == target
+    output = pos >= p - 2
+    hidden = head.combine(feat[:T])
+    past: list[Any] = []
+    out = []
+    pre = hidden
+    for n in range(steps):
+        if n > 0:  # step n+1 at t takes step n's output at t-1
+            hidden = torch.cat([hidden[:1] * 0, pre[:-1]], 0)
+        normed, pre, kv = head.step(tokens, hidden, pos, past)
+        past.append(kv)
+        counted = (output if n > 0 else torch.ones(T, dtype=torch.bool)) & (pos >= n)
+        valid = inside & counted
+        out.append((normed[valid] @ head.lm_head.T, lab[valid], output[valid]))
+    return out
+
+
+def head_config(target_cfg: dict[str, Any], vocab_size: int) -> dict[str, Any]:
+    keep = (
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "rms_norm_eps",
+        "rope_parameters",
+        "max_position_embeddings",
+        "hidden_act",
+        "vocab_size",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "attention_bias",
+        "mlp_bias",
+    )
+    cfg = {k: target_cfg[k] for k in keep if k in target_cfg}
+    cfg.update(
+        architectures=["LlamaForCausalLMEagle3"],
+        model_type="llama",
+        num_hidden_layers=1,
+        draft_vocab_size=vocab_size,
+        target_hidden_size=target_cfg["hidden_size"],
+        tie_word_embeddings=False,
+        fc_norm=True,
+        eagle_config={"eagle_aux_hidden_state_layer_ids": list(sm.EAGLE3_LAYERS)},
+        torch_dtype="float32",
+    )
+    return cfg
+
+
+def evaluate(head: Eagle3Head, val: list[dict[str, Any]], vocab: torch.Tensor) -> list[float]:
+    """Teacher-forced top-1 agreement with the target per unroll step, over generated tokens
+    (a label outside the draft vocabulary counts as a miss)."""
+    ok = [0] * TTT_STEPS
+    n = [0] * TTT_STEPS
+    with torch.no_grad():
+        for s in val:
+            T = len(s["ids"]) - 2
+            for i, (logits, lab, is_out) in enumerate(_unroll(head, s, vocab, TTT_STEPS)):
+                ok[i] += int(((logits.argmax(-1) == lab) & is_out).sum())
+                n[i] += max(0, T - max(i, s["prompt_len"] - 2))
+    return [round(a / max(1, b), 4) for a, b in zip(ok, n)]
+
+
+def train(
+    target_model: Any, data: list[dict[str, Any]], vocab: torch.Tensor, seed: int, budget_s: float
+) -> tuple[Eagle3Head, dict[str, Any]]:
+    from harness.models.optim import lr_at, optimizer_step, split
+
+    torch.manual_seed(seed)
+    cfg = head_config(target_model.config.to_dict(), len(vocab))
+    embed = target_model.model.embed_tokens.weight.detach().clone()
+    head = Eagle3Head(cfg, embed, vocab)
+    with torch.no_grad():  # start the layer from the target's last one (a good prior for scale)
+        last = target_model.model.layers[-1]
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            getattr(head, name).weight.copy_(getattr(last.mlp, name).weight)
+        head.post_attention_layernorm.weight.copy_(last.post_attention_layernorm.weight)
+        head.norm.weight.copy_(target_model.model.norm.weight)
+    train_set, val = split(data, seed)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
+    rng = random.Random(seed)
+    t0, step, steps, est = time.process_time(), 0, 10**9, None
+    order = list(range(len(train_set)))
+    while step < steps:
+        rng.shuffle(order)
+        for i in order:
+            if step == 20 and est is None:
+                est = steps = int(budget_s / ((time.process_time() - t0) / 20))
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, est or 10**4, 1e-3)
+            loss = torch.zeros(())
+            for w, (logits, lab, _) in zip(
+                STEP_WEIGHTS, _unroll(head, train_set[i], vocab, TTT_STEPS)
+            ):
+                if len(lab):
+                    loss = loss + w * nn.functional.cross_entropy(logits, lab)
+            optimizer_step(opt, loss, params)
+            step += 1
+            if step >= steps:
+                break
+    head.eval()
+    info = {
+        "steps": step,
+        "ttt_steps": TTT_STEPS,
+        "train_cpu_seconds": round(time.process_time() - t0),
+        "draft_vocab_size": len(vocab),
+        "val_sequences": len(val),
+        "top1_agreement_per_step": evaluate(head, val, vocab),
+    }
+    return head, info
+
+
+def save(
+    head: Eagle3Head, vocab: torch.Tensor, out: Path, cfg: dict[str, Any] | None = None
+) -> None:
+    from safetensors.torch import save_file
+
+    sd = {}
+    for name, p in head.named_parameters():
+        if name.startswith("fc_norm.") or name.startswith("fc.") or name.startswith("norm."):
+            key = name
+        elif name.split(".")[0] in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            key = "midlayer.self_attn." + name
+        elif name.split(".")[0] in ("gate_proj", "up_proj", "down_proj"):
+            key = "midlayer.mlp." + name
+        else:  # the three layer norms
+            key = "midlayer." + name
+        sd[key] = p.detach().to(torch.float16).contiguous()
+    sd["d2t"] = (vocab - torch.arange(len(vocab))).to(torch.long)
+    save_file(dict(sorted(sd.items())), str(out / "eagle3.safetensors"))
+    sm._write_json(out / "eagle3_config.json", cfg or head_config_from(head, len(vocab)))
+
+
+def head_config_from(head: Eagle3Head, vocab_size: int) -> dict[str, Any]:
+    cfg = json.loads((sm.FAMILY_DIR / "target" / "config.json").read_text())
+    return head_config(cfg, vocab_size)

@@ -1,0 +1,127 @@
+"""Offline acceptance of SmolLM2's speculators, as vLLM would draft (no vLLM needed): the share
+of the target's greedy tokens that each speculator predicts top-1 at draft position 1.
+
+The EAGLE-3 head is read from its *assembled* directory by vLLM's names (``midlayer.*``,
+``fc_norm.*``, ``d2t``: target id = i + d2t[i]) and fed as vLLM's proposer feeds it
+(``vllm/v1/spec_decode/llm_base_proposer.py``): at position t the target's residual stream
+after layers 2, 15, 27 (HF ``hidden_states[2|15|27]``, taken before any norm) paired with the
+*next* token x[t+1], predicting x[t+2]. The head's earlier positions see the target's features
+of the accepted tokens (teacher forcing), as vLLM's head KV cache does. The draft model is a
+plain causal LM: its logits at t predict x[t+1].
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from harness.models import smollm as sm
+
+
+def load_head(eagle3: Path, embed: Any) -> Any:
+    """The assembled head (vLLM's checkpoint names) as ``models_eagle3.Eagle3Head``."""
+    import torch
+    from safetensors.torch import load_file
+
+    from harness.models.eagle3 import Eagle3Head
+
+    cfg = json.loads((eagle3 / "config.json").read_text())
+    sd = load_file(str(eagle3 / "model.safetensors"))
+    d2t = sd.pop("d2t").to(torch.long)
+    vocab = torch.arange(len(d2t)) + d2t
+    head = Eagle3Head(cfg, embed, vocab)
+    own = {}
+    for k, v in sd.items():
+        if k == "lm_head.weight":
+            continue
+        own[k.removeprefix("midlayer.").removeprefix("self_attn.").removeprefix("mlp.")] = v
+    head.load_state_dict({k: v.float() for k, v in own.items()}, strict=True)
+    head.lm_head = sd["lm_head.weight"].float()  # what vLLM's ParallelLMHead loads
+    head.eval()
+    return head, vocab
+
+
+def eagle3_agreement(
+    head: Any, vocab: Any, seqs: list[dict[str, Any]], token_offset: int = 1
+) -> float:
+    """First-position top-1 agreement over generated tokens: hidden f[t] + token x[t+1] ->
+    x[t+2], counted where x[t+2] is an output token (t >= prompt_len - 2). ``token_offset`` 0
+    pairs f[t] with x[t] instead (a misalignment, for tests)."""
+    import torch
+
+    ok = n = 0
+    with torch.no_grad():
+        for s in seqs:
+            ids, p, feat = s["ids"], s["prompt_len"], s["feat"]
+            T = len(ids) - 2
+            hidden = head.combine(feat[:T])
+            tokens = ids[token_offset : T + token_offset]
+            normed, _, _ = head.step(tokens, hidden, torch.arange(T), [])
+            pred = vocab[(normed @ head.lm_head.T).argmax(-1)]
+            out = slice(max(0, p - 2), T)
+            ok += int((pred[out] == ids[2:][out]).sum())
+            n += len(range(T)[out])
+    return ok / max(1, n)
+
+
+def draft_agreement(draft: Any, seqs: list[dict[str, Any]]) -> float:
+    """Top-1 agreement of a causal LM with the target's generated tokens (teacher forced)."""
+    import torch
+
+    ok = n = 0
+    with torch.no_grad():
+        for s in seqs:
+            ids, p = s["ids"], s["prompt_len"]
+            pred = draft(input_ids=ids[None, :-1]).logits[0, p - 1 :].argmax(-1)
+            ok += int((pred == ids[p:]).sum())
+            n += len(ids) - p
+    return ok / max(1, n)
+
+
+def held_out_sequences(
+    target_model: Any, tok: Any, n_tokens: int = 64, n_prompts: int | None = None
+) -> list[dict[str, Any]]:
+    """The target's greedy continuations of the default workload's (held-out) prompts, with
+    the features vLLM would hand the head."""
+    from harness.models.data import DATA, generate
+
+    prompts = []
+    for line in (DATA / "default.jsonl").read_text().splitlines()[:n_prompts]:
+        r = json.loads(line)
+        text = tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False)
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        prompts.append({"id": r["id"], "category": r["category"], "prompt_ids": list(ids)})
+    return generate(target_model, prompts, n_tokens, batch=len(prompts), progress=False)
+
+
+def evaluate(
+    target: Path = sm.FAMILY_DIR / "target",
+    draft: Path | None = sm.FAMILY_DIR / "draft",
+    eagle3: Path | None = sm.FAMILY_DIR / "eagle3",
+    n_tokens: int = 64,
+) -> dict[str, float]:
+    """{"draft": ..., "eagle3": ...} on the default workload's prompts (assembled dirs)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from harness.models.data import load_target
+
+    model = load_target(target)
+    seqs = held_out_sequences(model, AutoTokenizer.from_pretrained(target), n_tokens)
+    out = {}
+    if draft is not None and sm.is_complete(draft):
+        d = AutoModelForCausalLM.from_pretrained(draft, dtype=torch.float32)
+        out["draft"] = draft_agreement(d, seqs)
+    if eagle3 is not None and sm.is_complete(eagle3):
+        head, vocab = load_head(eagle3, model.model.embed_tokens.weight.detach())
+        out["eagle3"] = eagle3_agreement(head, vocab, seqs)
+    return out
+
+
+if __name__ == "__main__":
+    import time
+
+    t0 = time.perf_counter()
+    agreement = {k: round(v, 4) for k, v in evaluate().items()}
+    print(json.dumps(agreement), f"{time.perf_counter() - t0:.0f} s")

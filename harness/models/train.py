@@ -1,0 +1,215 @@
+"""Trains SmolLM2's speculators by self-distillation: the target's own greedy outputs are the
+labels (as in the EAGLE papers and in distilled drafts), so greedy acceptance is what improves.
+
+1. ``models_data``: HF batched greedy generation of the target (KV cache, 32 prompts a batch)
+   over the shipped training prompts (Spec-Bench first turns and the grounded code edits, minus
+   the first 4 of each category, held out: the default workload draws there), keeping the fp16
+   concat of hidden states [2], [15], [27] at every position (what vLLM hands an EAGLE-3 head),
+   and the target's greedy next token at every position, prompt positions included.
+2. ``models_eagle3.train``: the head in vLLM's layout with a 3-step training-time-test unroll,
+   so draft positions 2 and 3 see their own outputs as at inference.
+3. ``train_draft``: a 2-layer Llama made of the target's layers 0 and 1, final norm and tied
+   embedding (a layer-skip draft; the embedding stays the target's, not committed); only the
+   layers and the norm train.
+4. ``models_eval``: each speculator's first-position top-1 agreement with the target on the
+   held-out default prompts, fed as vLLM feeds it.
+
+Everything is seeded; torch uses one thread (``harness.models.optim``) and the training budgets
+are CPU seconds, so a build costs the same compute on a busy machine (it only takes longer).
+Writes ``trained/`` (fp16 weights, configs, BUILD.json).
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.models import smollm as sm
+from harness.models.data import GEN_TOKENS, MAX_PROMPT, add_labels, draft_vocab, load_data
+from harness.models.optim import THREADS, lr_at, optimizer_step, split
+from harness.models.optim import torch_threads as _torch
+
+DRAFT_LAYERS = sm.DRAFT_LAYERS
+DRAFT_LR = 5e-4
+
+
+# ---- the draft model ----------------------------------------------------------------------------
+def make_draft(target_model: Any) -> Any:
+    """A Llama of the target's layers DRAFT_LAYERS, final norm and tied embedding."""
+    torch = _torch()
+    from transformers import LlamaForCausalLM
+
+    cfg = target_model.config.to_dict()
+    cfg["num_hidden_layers"] = len(DRAFT_LAYERS)
+    from transformers import LlamaConfig
+
+    draft = LlamaForCausalLM(LlamaConfig(**cfg))
+    sd = target_model.state_dict()
+    new = {}
+    for k, v in sd.items():
+        if k.startswith("model.layers."):
+            i = int(k.split(".")[2])
+            if i in DRAFT_LAYERS:
+                j = DRAFT_LAYERS.index(i)
+                new[k.replace(f"model.layers.{i}.", f"model.layers.{j}.")] = v.clone()
+        else:
+            new[k] = v.clone()
+    draft.load_state_dict(new, strict=False)
+    draft.tie_weights()
+    draft.model.embed_tokens.weight.requires_grad_(False)
+    return draft.to(torch.float32)
+
+
+def _draft_loss(draft: Any, s: dict[str, Any], vocab: Any) -> tuple[Any, int, int]:
+    """CE against the target's greedy next token at every position (``add_labels``), over the
+    reduced vocabulary (labels outside it skipped: the full 49,152-way softmax is 6x dearer)."""
+    torch = _torch()
+    ids = s["ids"]
+    h = draft.model(input_ids=ids[None, :-1]).last_hidden_state[0]
+    labels = s["labels"]
+    w = draft.model.embed_tokens.weight
+    logits = h @ w[vocab].T
+    pos = torch.searchsorted(vocab, labels)
+    pos = pos.clamp(max=len(vocab) - 1)
+    inside = vocab[pos] == labels
+    loss = torch.nn.functional.cross_entropy(logits[inside], pos[inside])
+    return loss, 0, int(inside.sum())
+
+
+def eval_draft(draft: Any, val: list[dict[str, Any]]) -> float:
+    """Teacher-forced top-1 agreement with the target's greedy token (~ alpha at position 1)."""
+    torch = _torch()
+    ok = n = 0
+    with torch.no_grad():
+        for s in val:
+            ids, p = s["ids"], s["prompt_len"]
+            logits = draft(input_ids=ids[None, :-1]).logits[0, p - 1 :]
+            ok += int((logits.argmax(-1) == ids[p:]).sum())
+            n += len(ids) - p
+    return ok / max(1, n)
+
+
+def train_draft(
+    target_model: Any, data: list[dict[str, Any]], vocab: Any, seed: int, budget_s: float
+) -> tuple[Any, dict[str, Any]]:
+    torch = _torch()
+    torch.manual_seed(seed)
+    train, val = split(data, seed)
+    draft = make_draft(target_model)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=DRAFT_LR, weight_decay=0.0)
+    before = eval_draft(draft, val)
+    steps, t0, step = 10**9, time.process_time(), 0
+    order = list(range(len(train)))
+    rng = random.Random(seed)
+    draft.train()
+    est_steps = None
+    while step < steps:
+        rng.shuffle(order)
+        for i in order:
+            loss, _, _ = _draft_loss(draft, train[i], vocab)
+            if est_steps is None and step == 20:  # size the cosine schedule to the time budget
+                est_steps = int(budget_s / ((time.process_time() - t0) / 20))
+                steps = est_steps
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, est_steps or 10**4, DRAFT_LR)
+            optimizer_step(opt, loss, params)
+            step += 1
+            if step >= steps:
+                break
+    draft.eval()
+    after = eval_draft(draft, val)
+    info = {
+        "layers_from_target": list(DRAFT_LAYERS),
+        "steps": step,
+        "train_cpu_seconds": round(time.process_time() - t0),
+        "val_sequences": len(val),
+        "top1_agreement_before": round(before, 4),
+        "top1_agreement_after": round(after, 4),
+    }
+    return draft, info
+
+
+def save_draft(draft: Any, out: Path) -> None:
+    torch = _torch()
+    from safetensors.torch import save_file
+
+    own = {
+        k: v.detach().to(torch.float16).contiguous()
+        for k, v in draft.state_dict().items()
+        if k.startswith("model.layers.") or k == "model.norm.weight"
+    }
+    save_file(dict(sorted(own.items())), str(out / "draft.safetensors"))
+    cfg = draft.config.to_dict()
+    cfg.pop("_name_or_path", None)
+    cfg.pop("dtype", None)
+    cfg.update(architectures=["LlamaForCausalLM"], torch_dtype="float32")
+    sm._write_json(out / "draft_config.json", cfg)
+
+
+def train_all(
+    seed: int = 0,
+    progress: bool = True,
+    budget_s: float = 600.0,
+    data_seconds: float = float("inf"),
+    out: Path | None = None,
+    draft_s: float | None = None,
+) -> dict[str, Any]:
+    """Data, EAGLE-3 head (``budget_s`` CPU seconds) and draft (``draft_s``, default the same)
+    from scratch into ``trained/``, then their offline first-position agreement with the target
+    on the held-out default prompts (``harness.models.evaluate``); returns BUILD.json."""
+    from harness.models import eagle3 as models_eagle3
+    from harness.models import evaluate as models_eval
+
+    t_all, cpu_all = time.perf_counter(), time.process_time()
+    sm.assemble()  # the target
+    model, data, t_gen = load_data(sm.FAMILY_DIR / "target", seed, progress, data_seconds)
+    cpu_gen = time.process_time() - cpu_all
+    t0 = time.perf_counter()
+    agree = add_labels(model, data, progress)
+    t_labels = time.perf_counter() - t0
+    vocab = draft_vocab(data)
+    data_info = {
+        "sequences": len(data),
+        "prompt_tokens": sum(d["prompt_len"] for d in data),
+        "output_tokens": sum(len(d["output_ids"]) for d in data),
+        "max_prompt_tokens": MAX_PROMPT,
+        "max_new_tokens": GEN_TOKENS,
+        "generate_seconds": round(t_gen),
+        "generate_cpu_seconds": round(cpu_gen),
+        "labels_seconds": round(t_labels),
+        "labels_equal_generated_share": round(agree, 4),
+        "held_out": "first 4 prompts of each category (the default workload draws there)",
+    }
+    out = out or sm.TRAINED_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    head, e_info = models_eagle3.train(model, data, vocab, seed, budget_s)
+    models_eagle3.save(
+        head, vocab, out, models_eagle3.head_config(model.config.to_dict(), len(vocab))
+    )
+    del head
+    draft, d_info = train_draft(model, data, vocab, seed, budget_s if draft_s is None else draft_s)
+    save_draft(draft, out)
+    del draft, data
+    target = sm.FAMILY_DIR / "target"
+    with tempfile.TemporaryDirectory() as tmp:  # what models build assembles from ``out``
+        sm.assemble_draft(Path(tmp) / "draft", target, out)
+        sm.assemble_eagle3(Path(tmp) / "eagle3", target, out)
+        held = models_eval.evaluate(target, Path(tmp) / "draft", Path(tmp) / "eagle3")
+    info = {
+        "seed": seed,
+        "wheel": sm.WHEEL,
+        "wheel_sha256": sm.WHEEL_SHA256,
+        "data": data_info,
+        "draft_model": d_info,
+        "eagle3": e_info,
+        "held_out_first_position_agreement": {k: round(v, 4) for k, v in held.items()},
+        "total_seconds": round(time.perf_counter() - t_all),
+        "total_cpu_seconds": round(time.process_time() - cpu_all),
+        "torch_threads": THREADS,
+    }
+    sm._write_json(out / "BUILD.json", info)
+    return info

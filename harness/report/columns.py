@@ -1,0 +1,218 @@
+"""The columns of every markdown table, one entry each: name, header, how to read the value
+from the stored analysis (:mod:`harness.analysis.derived`), and how to format it. Nothing here computes
+a statistic; a new column is one entry in one of these tuples."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+METRIC_LABEL = {"output_tok_s": "tok/s", "e2e": "E2E", "ttft": "TTFT", "tpot": "TPOT"}
+
+
+@dataclass(frozen=True)
+class Line:
+    """What one table line reads: a stored entry and the comparison/check it points to."""
+
+    entry: Mapping[str, Any]
+    comparison: Mapping[str, Any] | None = None
+    check: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    header: str  # "{metric}" is replaced by the metric that decides the table's verdicts
+    get: Callable[[Line], Any]
+    fmt: Callable[[Any], str]
+
+
+# ---- formatters (values in, text out) -----------------------------------------------------------
+def num(x: Any, digits: int = 1, scale: float = 1.0) -> str:
+    """A number, or "n/a" for a missing value (never 0)."""
+    return "n/a" if x is None else f"{x * scale:.{digits}f}"
+
+
+def _fixed(digits: int, scale: float = 1.0) -> Callable[[Any], str]:
+    return lambda x: num(x, digits, scale)
+
+
+def ci_text(c: Mapping[str, Any] | None) -> str:
+    """A speedup with its CI, n and method ("1.42x [1.23, 1.66] n=16 t"), or why there is no CI
+    ("1.42x, CI n/a (n too small) n=2 t")."""
+    if not c:
+        return "n/a"
+    est, lo, hi = c.get("estimate"), c.get("lo"), c.get("hi")
+    if est is None:
+        return "n/a"
+    n, method = c.get("n"), c.get("method")
+    tail = f" n={n}" + (f" {method_tag(method)}" if method else "")
+    if lo is None or hi is None:  # the stats say why there is none ("n/a (n too small)")
+        why = str(c.get("verdict") or "")
+        return f"{est:.2f}x, CI {why if why.startswith('n/a') else 'n/a'}{tail}"
+    return f"{est:.2f}x [{lo:.2f}, {hi:.2f}]{tail}"
+
+
+def method_tag(method: str) -> str:
+    """The method's short name in a CI ("t" for "t on per-repeat log ratios")."""
+    return method.split()[0]
+
+
+def lossless_text(check: Mapping[str, Any] | None) -> str:
+    if not check:
+        return "n/a"
+    if check.get("status", "checked") != "checked":
+        return str(check["status"])
+    if check.get("share_identical") is None:
+        return "n/a"
+    out = f"{check['identical']}/{check['compared']}"
+    first = check.get("first_divergence_min")
+    return out + (f" (first diff at token {first})" if first is not None else "")
+
+
+def sanity_text(s: Mapping[str, Any] | None) -> str:
+    if not s or not s.get("outputs"):
+        return "n/a"
+    parts = [f"{k} {s[k]:.0%}" for k in ("whitespace", "repetition") if s.get(k)]
+    if s.get("repetition", 0) is None:  # no token ids: loops were not looked for
+        parts.append("repetition n/a")
+    return ", ".join(parts) if parts else "none"
+
+
+def load_label(load: Mapping[str, Any]) -> str:
+    if "request_rate" in load:
+        cap = f", cap {load['concurrency']}" if load.get("concurrency") else ""
+        return f"{load['request_rate']:g} req/s{cap}"
+    n = load.get("concurrency", 1)
+    return "1 at a time" if n == 1 else f"concurrency {n}"
+
+
+# ---- readers -------------------------------------------------------------------------------------
+def _s(key: str, stat: str | None = None) -> Callable[[Line], Any]:
+    def get(x: Line) -> Any:
+        v = x.entry["summary"].get(key)
+        return (v or {}).get(stat) if stat else v
+
+    return get
+
+
+def _spec(key: str) -> Callable[[Line], Any]:
+    return lambda x: (x.entry.get("spec") or {}).get(key)
+
+
+def _versus(x: Line) -> str:
+    if x.comparison is None:
+        return "n/a"
+    return f"{ci_text(x.comparison)} vs {x.comparison['baseline'].split('/')[-1]}"
+
+
+# ---- the tables ------------------------------------------------------------------------------------
+MAIN: tuple[Column, ...] = (
+    Column("name", "engine/variant", lambda x: x.entry["name"], str),
+    Column(
+        "ok_failed",
+        "ok/failed",
+        lambda x: (x.entry["summary"]["completed"], x.entry["summary"]["failed"]),
+        lambda v: f"{v[0]}/{v[1]}",
+    ),
+    Column(
+        "output_tok_s",
+        "out tok/s",
+        lambda x: (x.entry["summary"].get("output_tok_s"), x.entry["summary"].get("unstable")),
+        lambda v: num(v[0]) + (" (unstable)" if v[1] else ""),
+    ),
+    Column("ttft_med", "TTFT med ms", _s("ttft_s", "median"), _fixed(1, 1e3)),
+    Column("ttft_p99", "TTFT p99 ms", _s("ttft_s", "p99"), _fixed(1, 1e3)),
+    Column("tpot_med", "TPOT med ms", _s("tpot_s", "median"), _fixed(2, 1e3)),
+    Column("tpot_p99", "TPOT p99 ms", _s("tpot_s", "p99"), _fixed(2, 1e3)),
+    Column("e2e_med", "E2E med ms", _s("e2e_s", "median"), _fixed(0, 1e3)),
+    Column("acceptance_rate", "accept rate", _spec("acceptance_rate"), _fixed(2)),
+    Column("alpha", "alpha", _spec("alpha"), _fixed(2)),
+    Column("mean_acc_len", "mean acc len (vLLM)", _spec("mean_acceptance_length"), _fixed(2)),
+    Column("tok_per_pass", "tok/target pass", _spec("tokens_per_target_pass"), _fixed(2)),
+    Column("speedup", "speedup {metric} [95% CI]", _versus, str),
+    Column("verdict", "verdict", lambda x: (x.comparison or {}).get("verdict", "n/a"), str),
+    Column("lossless", "identical to baseline", lambda x: x.check, lossless_text),
+    Column("degenerate", "degenerate out", lambda x: x.entry.get("sanity"), sanity_text),
+)
+
+
+def _c(x: Line) -> str:
+    c, source = x.entry.get("c"), x.entry.get("c_source")
+    return "n/a" if c is None else f"{c:.3f} ({source})"
+
+
+THEORY: tuple[Column, ...] = (
+    Column("name", "engine/variant", lambda x: x.entry["name"], str),
+    Column("max_new_tokens", "max tok", lambda x: x.entry["max_new_tokens"], str),
+    Column("alpha", "alpha", lambda x: x.entry["alpha"], _fixed(2)),
+    Column("gamma", "gamma", lambda x: x.entry["gamma"], str),
+    Column("c", "c", _c, str),
+    Column("expected", "E tok/pass", lambda x: x.entry["expected_tokens_per_pass"], _fixed(2)),
+    Column(
+        "measured_pass",
+        "measured tok/target pass",
+        lambda x: x.entry.get("tokens_per_target_pass"),
+        _fixed(2),
+    ),
+    Column(
+        "mean_acc_len",
+        "mean acc len (vLLM)",
+        lambda x: x.entry.get("mean_acceptance_length"),
+        _fixed(2),
+    ),
+    Column(
+        "predicted",
+        "predicted speedup",
+        lambda x: (x.entry.get("predicted_speedup"), x.entry.get("predicted_note")),
+        lambda v: num(v[0], 2) if v[0] is not None else str(v[1] or "n/a"),
+    ),
+    Column("measured", "measured tok/s speedup", lambda x: x.comparison, ci_text),
+    Column(
+        "best_gamma",
+        "best gamma",
+        lambda x: (x.entry.get("best_gamma"), x.entry.get("best_gamma_note")),
+        lambda v: str(v[0]) if v[0] is not None else str(v[1]),
+    ),
+)
+
+# --percentile-metrics (vLLM's names) -> the stored distribution they read
+PERCENTILE_KEYS = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_s", "e2el": "e2e_s"}
+
+
+def percentile_columns(config: Mapping[str, Any]) -> tuple[Column, ...]:
+    """The table of ``--percentile-metrics`` x ``--metric-percentiles`` (when asked for): one
+    column per metric and percentile, as vLLM bench serve prints them (ms)."""
+    metrics = config.get("percentile_metrics") or ()
+    if not metrics:
+        return ()
+    cols = [Column("name", "engine/variant", lambda x: x.entry["name"], str)]
+    for m in metrics:
+        for p in config.get("metric_percentiles") or (50, 90, 99):
+            word = f"p{int(p)}" if float(p).is_integer() else f"p{p:g}"
+            cols.append(
+                Column(
+                    f"{m}_{word}",
+                    f"{m.upper()} {word} ms",
+                    _s(PERCENTILE_KEYS[m], word),
+                    _fixed(2, 1e3),
+                )
+            )
+    return tuple(cols)
+
+
+COMPARISONS: tuple[Column, ...] = (
+    Column("pair", "pair", lambda x: f"{x.entry['candidate']} vs {x.entry['baseline']}", str),
+    Column(
+        "cell",
+        "cell",
+        lambda x: (
+            f"{x.entry['mode']}, {load_label(x.entry['load'])}, {x.entry['max_new_tokens']} tok"
+        ),
+        str,
+    ),
+    Column("metric", "metric", lambda x: x.entry["metric"], str),
+    Column("speedup", "speedup [95% CI]", lambda x: x.entry, ci_text),
+    Column("verdict", "verdict", lambda x: x.entry["verdict"], str),
+)

@@ -1,0 +1,270 @@
+"""``--client-workers N``: an HTTP engine's requests sent from N client processes on this host.
+
+Why: one asyncio process is the ceiling of the HTTP client (one core: ~0.3 ms of CPU per request
+plus ~14 us per SSE event here, bench/README.md); a server with many replicas needs more.
+
+How: the parent's :class:`harness.run.runner.Runner` still owns the schedule and the clock. For each
+run it computes the send offsets of every request once (the same seed, so the same Poisson or
+closed-loop schedule as with one client), deals them to the workers (:func:`split`: request j to
+worker (j mod cap) mod n, the cap split as evenly as it goes), reads the start instant ``t0``
+and hands each worker its share, ``t0`` and ``duration``. Each worker runs the same Runner over
+its share with its own engine (an ``openai`` config from the started engine's
+``client_config()``: same servers, model name and request shape) and its own event loop, and
+sends its frozen records back in batches; the parent journals them as they come and returns
+them merged in send order, as if one client had sent them. Server-side work (/metrics counters,
+prefix-cache resets, load gauges) stays with the parent's engine.
+
+Clock convention: the runner's clock must be one every process on the host reads alike:
+``time.perf_counter`` (or ``time.monotonic``), on Linux ``clock_gettime(CLOCK_MONOTONIC)``, one
+clock for the whole machine, not per process; a worker reads the same named function, so its
+stamps need no conversion. This is checked, not assumed: at start-up each worker's reading must
+fall between two of the parent's (a handshake); the offset and round trip are recorded with the
+run (``engine_info.client_workers``). An injected clock (tests' fake clock) cannot be shared and
+is refused; so are other hosts (monotonic clocks are per host).
+
+A cap on requests in flight is split across workers (caps 3 + 2 for ``--concurrency 5`` on 2):
+the same total in flight, but a worker's free slot is not lent to another, so with very uneven
+request lengths the closed loop differs slightly from one client's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from engines.base import EngineError, GenParams, Request
+from harness.core.load import LoadStrategy
+from harness.core.records import RequestRecord
+from harness.run.client_process import (
+    SHARED_CLOCKS,
+    Close,
+    Done,
+    Exited,
+    Failed,
+    Job,
+    Ping,
+    Pong,
+    Ready,
+    Records,
+    Share,
+    Stop,
+    reader,
+    split,
+    worker_main,
+)
+from harness.run.runner import Runner
+
+__all__ = ["ClientPool", "Share", "refusal", "split", "supports"]
+
+START_TIMEOUT_S = 120.0
+POLL_S = 0.05  # the parent checks the run's stop flag this often
+PINGS = 3
+
+
+def supports(engine: str) -> bool:
+    """Whether ``engine`` talks to its server over HTTP, so other processes can send for it."""
+    from engines.base import engine_class
+
+    return engine_class(engine).capabilities.client_workers
+
+
+def refusal(engines: Sequence[str], workers: int) -> str | None:
+    """The one-line reason ``--client-workers`` cannot apply to these engines, else None."""
+    if workers <= 1:
+        return None
+    for e in engines:
+        if not supports(e):
+            return (
+                f"--client-workers {workers}: engine {e} runs in this process; only engines "
+                "that talk to a server over HTTP can send from several processes"
+            )
+    return None
+
+
+@dataclass
+class _Handle:
+    index: int
+    proc: Any
+    conn: Connection
+    pid: int = 0
+
+
+class ClientPool:
+    """N started client processes for one started HTTP engine (one lane of a run)."""
+
+    def __init__(self, clock: Callable[[], float], handles: list[_Handle]) -> None:
+        self.clock = clock
+        self.handles = handles
+        self.inbox: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        self.clock_check: list[dict[str, float]] = []
+        self.last_cpu_s: list[float] = []  # each worker's CPU time in the last run (bench)
+        self._job = 0
+
+    @classmethod
+    async def start(cls, engine: Any, workers: int, clock: Callable[[], float]) -> ClientPool:
+        """Spawn ``workers`` processes, each starting an ``openai`` engine on ``engine``'s
+        servers, and check that they read the runner's clock (see the module docstring)."""
+        import multiprocessing
+
+        name = next((k for k, c in SHARED_CLOCKS.items() if c is clock), None)
+        if name is None:
+            raise EngineError(
+                f"--client-workers: the runner's clock {clock!r} cannot be read by other "
+                f"processes; use one of time.{', time.'.join(SHARED_CLOCKS)}"
+            )
+        config = engine.client_config()
+        ctx = multiprocessing.get_context("spawn")  # no copy of this process's loop or threads
+        handles = []
+        for i in range(workers):
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(
+                target=worker_main, args=(theirs, config, name), daemon=True, name=f"client-{i}"
+            )
+            proc.start()
+            theirs.close()
+            handles.append(_Handle(i, proc, mine))
+        pool = cls(clock, handles)
+        try:
+            await pool._handshake()
+        except BaseException:
+            await pool.close()
+            raise
+        return pool
+
+    async def _handshake(self) -> None:
+        loop = asyncio.get_running_loop()
+        for h in self.handles:
+            put = (lambda i: lambda msg: self.inbox.put_nowait((i, msg)))(h.index)
+            loop.add_reader(h.conn.fileno(), reader(h.conn, put))
+        for _ in self.handles:  # ready in any order
+            i, msg = await asyncio.wait_for(self.inbox.get(), START_TIMEOUT_S)
+            if not isinstance(msg, Ready):
+                raise EngineError(f"client worker {i}: {_why(msg, self.handles[i])}")
+            self.handles[i].pid = msg.pid
+        for h in self.handles:
+            best = None
+            for _ in range(PINGS):
+                a = self.clock()
+                h.conn.send(Ping())
+                msg = await self._next(h.index, START_TIMEOUT_S)
+                b = self.clock()
+                if not isinstance(msg, Pong):
+                    raise EngineError(f"client worker {h.index}: {_why(msg, h)}")
+                if not a <= msg.t <= b:
+                    raise EngineError(
+                        f"--client-workers: worker {h.index} read {msg.t:.6f} s, outside the "
+                        f"runner's [{a:.6f}, {b:.6f}]: not one clock for both processes"
+                    )
+                if best is None or b - a < best["rtt_s"]:
+                    best = {"offset_s": msg.t - (a + b) / 2, "rtt_s": b - a}
+            assert best is not None
+            self.clock_check.append(best)
+
+    async def _next(self, index: int, timeout: float) -> Any:
+        """The next message, from worker ``index`` (pings: one worker at a time)."""
+        i, msg = await asyncio.wait_for(self.inbox.get(), timeout)
+        assert i == index, (i, index)
+        return msg
+
+    def describe(self) -> dict[str, Any]:
+        """What the run records (``engine_info.client_workers``)."""
+        name = next(k for k, c in SHARED_CLOCKS.items() if c is self.clock)
+        return {
+            "workers": len(self.handles),
+            "clock": f"time.{name} ({time.get_clock_info(name).implementation}), read by every "
+            "worker process",
+            "max_abs_offset_s": max(abs(c["offset_s"]) for c in self.clock_check),
+            "max_handshake_rtt_s": max(c["rtt_s"] for c in self.clock_check),
+        }
+
+    @property
+    def pids(self) -> list[int]:
+        return [h.pid for h in self.handles]
+
+    async def run(
+        self,
+        runner: Runner,
+        requests: Sequence[Request],
+        params: GenParams,
+        strategy: LoadStrategy,
+        *,
+        warmup: bool,
+        duration: float | None,
+    ) -> list[RequestRecord]:
+        """One run through the workers: deal the schedule, hand over ``t0``, merge the records
+        (journalled through ``runner.on_record`` as they arrive) in send order."""
+        if runner.clock is not self.clock:
+            raise EngineError("--client-workers: the runner's clock is not the pool's")
+        shares = split(strategy.offsets(len(requests)), strategy.max_concurrency, len(self.handles))
+        self._job += 1
+        job = self._job
+        lazy = not isinstance(requests, (list, tuple))
+        t0 = runner.clock()
+        for share in shares:
+            picked = requests if lazy else [requests[j] for j in share.positions]
+            positions = share.positions if lazy else None
+            msg = Job(job, picked, positions, share, params, t0, duration, warmup)
+            self.handles[share.index].conn.send(msg)
+        records: list[tuple[float, int, int, RequestRecord]] = []
+        cpu = [0.0] * len(self.handles)
+        pending = {s.index for s in shares}
+        stopped = False
+        try:
+            while pending:
+                if not stopped and runner.should_stop():
+                    stopped = True
+                    self._send_all(Stop(job))
+                try:
+                    i, msg = await asyncio.wait_for(self.inbox.get(), POLL_S)
+                except asyncio.TimeoutError:
+                    continue
+                if isinstance(msg, Records) and msg.job == job:
+                    for rec in msg.records:
+                        records.append((rec.t_send, i, len(records), rec))
+                        if runner.on_record is not None:
+                            runner.on_record(rec)
+                elif isinstance(msg, Done) and msg.job == job:
+                    pending.discard(i)
+                    cpu[i] = msg.cpu_s
+                    if msg.error is not None and msg.error != "cancelled":
+                        raise EngineError(f"client worker {i}: {msg.error}")
+                elif isinstance(msg, (Exited, Failed)):
+                    raise EngineError(f"client worker {i}: {_why(msg, self.handles[i])}")
+        except asyncio.CancelledError:
+            self._send_all(Stop(job, cancel=True))
+            raise
+        self.last_cpu_s = cpu
+        return [rec for *_, rec in sorted(records, key=lambda r: r[:3])]
+
+    def _send_all(self, msg: Any) -> None:
+        for h in self.handles:
+            with contextlib.suppress(OSError):
+                h.conn.send(msg)
+
+    async def close(self) -> None:
+        """Ask every worker to close its engine and exit; kill any that does not within 10 s."""
+        self._send_all(Close())
+        loop = asyncio.get_running_loop()
+        for h in self.handles:
+            with contextlib.suppress(Exception):
+                loop.remove_reader(h.conn.fileno())
+        for h in self.handles:
+            await asyncio.to_thread(h.proc.join, 10)
+            if h.proc.is_alive():
+                h.proc.kill()
+                await asyncio.to_thread(h.proc.join, 5)
+            h.conn.close()
+
+
+def _why(msg: Any, h: _Handle) -> str:
+    if isinstance(msg, Failed):
+        return msg.error
+    if isinstance(msg, Exited):
+        h.proc.join(1)
+        return f"exited (code {h.proc.exitcode})"
+    return f"unexpected message {type(msg).__name__}"

@@ -1,0 +1,229 @@
+"""The runner: sends requests as the load strategy says and times every chunk.
+
+It owns the clock (``clock``, default ``time.perf_counter``; tests inject a fake one) and reads it
+at send, at the end, and at each token-carrying chunk that arrives unstamped. Engines are handed
+the same clock and stamp chunks where the tokens first exist (``Chunk.t``: the host for
+in-process models, the socket read for HTTP): the runner keeps those stamps, so an engine that
+batches its hand-over to the event loop moves no timestamp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from engines.base import Chunk, Clock, Engine, GenParams, Request, UnsupportedError
+from harness.core.load import LoadStrategy
+from harness.core.records import RequestRecord
+
+OnRecord = Callable[[RequestRecord], None]
+
+
+class Clients(Protocol):
+    """Client processes that send a run's requests for the runner (``--client-workers``,
+    :mod:`harness.run.client_workers`): the runner still reads the start instant and hands it over."""
+
+    async def run(
+        self,
+        runner: Runner,
+        requests: Sequence[Request],
+        params: GenParams,
+        strategy: LoadStrategy,
+        *,
+        warmup: bool,
+        duration: float | None,
+    ) -> list[RequestRecord]: ...
+
+
+def error_line(exc: BaseException) -> str:
+    """One line naming what went wrong."""
+    msg = " ".join(str(exc).split()) or exc.__class__.__name__
+    return msg if ":" in msg[:40] else f"{exc.__class__.__name__}: {msg}"
+
+
+@dataclass
+class _Timing:
+    """Mutable scratch space of one request while it streams."""
+
+    request: Request
+    t_send: float
+    warmup: bool
+    times: list[float] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    ids_known: bool = True
+    text: list[str] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    usage_output: int | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, chunk: Chunk, t: float) -> None:
+        if chunk.prompt_tokens is not None:
+            self.prompt_tokens = chunk.prompt_tokens
+        if chunk.usage_output_tokens is not None:
+            self.usage_output = chunk.usage_output_tokens
+        if chunk.info:
+            self.info.update(chunk.info)
+        if chunk.text:
+            self.text.append(chunk.text)
+        n = chunk.size
+        if n <= 0:
+            return
+        if chunk.times:  # several steps handed over at once, each with its stamp
+            self.times.extend(chunk.times)
+            self.sizes.extend(chunk.sizes)
+        else:
+            self.times.append(t)
+            self.sizes.append(n)
+        if len(chunk.token_ids) == n:
+            self.ids.extend(chunk.token_ids)
+        else:
+            self.ids_known = False
+
+    def finish(self, t_end: float, error: str | None) -> RequestRecord:
+        return RequestRecord(
+            request_id=self.request.id,
+            t_send=self.t_send,
+            t_end=t_end,
+            chunk_times=tuple(self.times),
+            chunk_tokens=tuple(self.sizes),
+            output_token_ids=tuple(self.ids) if self.ids_known else None,
+            prompt_tokens=self.prompt_tokens,
+            usage_output_tokens=self.usage_output,
+            output_text="".join(self.text) if self.text else None,
+            ok=error is None,
+            error=error,
+            warmup=self.warmup,
+            info=self.info,
+        )
+
+
+@dataclass
+class Runner:
+    """Runs one cell: a list of requests through one engine under one load strategy."""
+
+    engine: Engine
+    clock: Clock = time.perf_counter
+    sleep: Callable[[float], Any] = asyncio.sleep
+    on_record: OnRecord | None = None
+    should_stop: Callable[[], bool] = lambda: False
+    clients: Clients | None = None  # set: other processes send the requests (HTTP engines)
+
+    async def run(
+        self,
+        requests: Sequence[Request],
+        params: GenParams,
+        strategy: LoadStrategy,
+        *,
+        warmup: bool = False,
+        duration: float | None = None,
+        t0: float | None = None,
+    ) -> list[RequestRecord]:
+        """Send every request as ``strategy`` says, none after ``duration`` seconds (those in
+        flight then finish); return the records in send order. ``t0``: the schedule's start on
+        this runner's clock (default now; a client worker is handed its parent's)."""
+        cap = strategy.max_concurrency
+        limit = self.engine.max_batch()
+        if cap != 1 and limit == 1:
+            raise UnsupportedError("unsupported (batch size 1 only)")
+        if cap != 1 and self.engine.capabilities.static_batching:
+            if strategy.offsets(2)[-1] != 0.0 or cap is None:
+                raise UnsupportedError("unsupported (static batching needs --concurrency N)")
+            return await self._run_static(requests, params, cap, warmup, duration)
+        if self.clients is not None:
+            return await self.clients.run(
+                self, requests, params, strategy, warmup=warmup, duration=duration
+            )
+        return await self._run_streams(requests, params, strategy, warmup, duration, t0)
+
+    def _emit(self, record: RequestRecord) -> RequestRecord:
+        if self.on_record is not None:
+            self.on_record(record)
+        return record
+
+    async def _one(
+        self, request: Request, params: GenParams, warmup: bool, t_send: float
+    ) -> RequestRecord:
+        timing = _Timing(request, t_send, warmup)
+        error = None
+        try:
+            async for chunk in self.engine.stream(request, params, self.clock):
+                timing.add(chunk, self.clock() if chunk.t is None else chunk.t)
+        except asyncio.CancelledError:
+            error = "cancelled: run interrupted"
+        except Exception as exc:  # recorded per request, never raised
+            error = error_line(exc)
+        return self._emit(timing.finish(self.clock(), error))
+
+    async def _run_streams(
+        self,
+        requests: Sequence[Request],
+        params: GenParams,
+        strategy: LoadStrategy,
+        warmup: bool,
+        duration: float | None = None,
+        t0: float | None = None,
+    ) -> list[RequestRecord]:
+        offsets = strategy.offsets(len(requests))
+        slots = asyncio.Semaphore(strategy.max_concurrency) if strategy.max_concurrency else None
+        t0 = self.clock() if t0 is None else t0
+        tasks: list[asyncio.Task[RequestRecord]] = []
+
+        async def go(req: Request, t_send: float) -> RequestRecord:
+            try:
+                return await self._one(req, params, warmup, t_send)
+            finally:
+                if slots is not None:
+                    slots.release()
+
+        try:
+            end = None if duration is None else t0 + duration
+            for req, offset in zip(requests, offsets):
+                if end is not None and t0 + offset >= end:
+                    break
+                delay = t0 + offset - self.clock()
+                if delay > 0:
+                    await self.sleep(delay)
+                if slots is not None:
+                    await slots.acquire()
+                if self.should_stop() or (end is not None and self.clock() >= end):
+                    if slots is not None:
+                        slots.release()
+                    break
+                tasks.append(asyncio.ensure_future(go(req, self.clock())))
+            return list(await asyncio.gather(*tasks))
+        except asyncio.CancelledError:
+            for t in tasks:
+                t.cancel()
+            raise
+
+    async def _run_static(
+        self,
+        requests: Sequence[Request],
+        params: GenParams,
+        size: int,
+        warmup: bool,
+        duration: float | None = None,
+    ) -> list[RequestRecord]:
+        """Fixed batches of ``size`` through ``engine.stream_batch`` (HF ``generate``)."""
+        out: list[RequestRecord] = []
+        t0 = self.clock()
+        for start in range(0, len(requests), size):
+            if self.should_stop() or (duration is not None and self.clock() - t0 >= duration):
+                break
+            batch = list(requests[start : start + size])
+            t_send = self.clock()
+            timings = [_Timing(r, t_send, warmup) for r in batch]
+            error = None
+            try:
+                chunks = self.engine.stream_batch(batch, params, self.clock)
+                async for index, chunk in chunks:
+                    timings[index].add(chunk, self.clock() if chunk.t is None else chunk.t)
+            except Exception as exc:
+                error = error_line(exc)
+            t_end = self.clock()
+            out.extend(self._emit(t.finish(t_end, error)) for t in timings)
+        return out

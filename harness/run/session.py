@@ -1,0 +1,396 @@
+"""Executes a plan: one engine per configuration, every point of the plan through the runner,
+records journalled as they finish."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from engines.base import Engine, EngineConfig, EngineError, GenParams, Request, UnsupportedError
+from engines.heap import rss_mb, trim_heap
+from harness.analysis.paired import precise_enough
+from harness.core.design import (
+    INTERLEAVED,
+    ONE,
+    PER_BLOCK,
+    SEQUENTIAL,
+    Slot,
+    build_order,
+    design_record,
+    lane_order,
+    warmup_cap,
+    warmup_requests,
+)
+from harness.core.records import RequestRecord
+from harness.core.results import Cell, Run
+from harness.run.journal import Journal
+from harness.run.lanes import (
+    Lane,
+    StopFlag,
+    cache_counters,
+    close_lanes,
+    reset_cache,
+    spec_counters,
+    unsupported_method,
+)
+from harness.run.load_sampler import LoadSampler
+from harness.run.plan import Point, RunPlan
+from harness.run.runner import Runner, error_line
+
+
+@dataclass
+class Session:
+    plan: RunPlan
+    requests: Sequence[Request]
+    journal: Journal | None = None
+    done: set[str] = field(default_factory=set)  # keys of finished runs (--resume)
+    progress: bool = True
+    clock: Callable[[], float] = time.perf_counter
+    stop: StopFlag = field(default_factory=StopFlag)
+    runs: list[Run] = field(default_factory=list)
+    engine_factory: Callable[[EngineConfig], Engine] | None = None
+    design: str = INTERLEAVED  # what execute() chose (harness.core.design)
+    built: list[list[str]] = field(default_factory=list)  # per block: engine/label, build order
+    instances: dict[str, str] = field(default_factory=dict)  # engine/label -> PER_BLOCK | ONE
+    rss_after_block_mb: list[float | None] = field(default_factory=list)  # per-block instances
+    heap_trimmed_mb: list[float | None] = field(default_factory=list)  # returned after each block
+    _t0: float = 0.0
+    _seq: int = 0  # runs so far
+    _blocks: int = 0  # blocks (one repeat of every lane) so far: the rotation
+
+    def __post_init__(self) -> None:
+        if not self.plan.lengths_from_workload:  # an explicit --max-new-tokens wins
+            self.requests = [replace(r, max_new_tokens=None) for r in self.requests]
+
+    async def execute(self, configs: Sequence[tuple[str, EngineConfig]]) -> list[Run]:
+        """Run every configuration. When every engine can live in one process (``coexist``),
+        all lanes are started and their runs interleaved in a rotated order (see
+        :mod:`harness.core.design`), so that drift of the machine hits every variant alike; else (or
+        with ``interleave=False``) one configuration runs after the other."""
+        self._t0 = self.clock()
+        lanes = [Lane(label, config) for label, config in configs]
+        if self.plan.interleave and len(lanes) > 1 and all(lane.coexist for lane in lanes):
+            self.design = INTERLEAVED
+            lanes = [lane.with_share(len(lanes)) for lane in lanes]
+            await self._run_lanes(lanes)
+        else:
+            self.design = SEQUENTIAL if len(lanes) > 1 else INTERLEAVED
+            for lane in lanes:
+                if self.stop:
+                    break
+                await self._run_lanes([lane])
+        return self.runs
+
+    def design_record(self, labels: Sequence[str]) -> dict[str, Any]:
+        caps = {k: warmup_cap(self.plan.warmup_tokens, v) for k, v in self.instances.items()}
+        record = design_record(
+            self.design, self.plan.seed, self.plan.prefix_cache, labels, self.built,
+            self.instances, caps if self.plan.warmup else None,
+        )  # fmt: skip
+        if self.rss_after_block_mb:  # a leak from rebuilding engines would show here
+            record["rss_after_block_mb"] = list(self.rss_after_block_mb)
+            record["heap_trimmed_mb"] = list(self.heap_trimmed_mb)  # engines/heap.py
+        return record
+
+    def _todo(self, lane: Lane) -> list[Point]:
+        def done(p: Point) -> bool:
+            return all(
+                self.plan.cell(lane.config.engine, lane.label, p, r).key in self.done
+                for r in range(self.plan.repeats)
+            )
+
+        return [p for p in self.plan.points() if not done(p)]
+
+    def _built(self, block: int) -> list[str]:
+        while len(self.built) <= block:
+            self.built.append([])
+        return self.built[block]
+
+    async def _run_lanes(self, lanes: list[Lane]) -> None:
+        per_block = all(lane.instances(self.plan.instances) == PER_BLOCK for lane in lanes)
+        for lane in lanes:
+            self.instances[lane.name] = PER_BLOCK if per_block else ONE
+        lanes = await self._drop_unsupported(lanes)
+        if per_block:
+            await self._run_blocks(lanes)
+            return
+        lanes = [lane for lane in lanes if self._todo(lane)]
+        built = self._built(0)
+        try:
+            for i in build_order(len(lanes), self.plan.seed):  # seeded, recorded (design.py)
+                await self._start(lanes[i])
+                if lanes[i].engine is not None:  # the record lists only engines built
+                    built.append(lanes[i].name)
+            live = [lane for lane in lanes if lane.engine is not None]
+            for index, p in enumerate(self.plan.points()):
+                if self.stop or not live:
+                    break
+                await self._repeat_point([lane for lane in live if p in self._todo(lane)], p, index)
+        finally:
+            await close_lanes(lanes)
+
+    async def _drop_unsupported(self, lanes: list[Lane]) -> list[Lane]:
+        """The lanes whose engine runs their method; the others' cells are recorded once (repeat
+        0 of each point), so the build and run orders balance over the lanes that run."""
+        for lane in lanes:
+            if unsupported_method(lane.config) and self._todo(lane):
+                await self._start(lane)
+        return [lane for lane in lanes if not unsupported_method(lane.config)]
+
+    async def _run_blocks(self, lanes: list[Lane]) -> None:
+        """Fresh engine instances per block: for block r, build every lane that has a cell to
+        run (seeded order per block, recorded), run repeat r of every point still repeating
+        (lanes in the rotated order), close them. An instance's own speed offset then varies
+        between blocks, where the CI (over blocks) sees it. --target-ci adds blocks, only for
+        the points whose deciding comparison is not yet precise enough."""
+        points = list(self.plan.points())
+        halted: set[tuple[int, int]] = set()  # (lane, point) whose run failed: no more repeats
+        dead: set[int] = set()  # lanes whose engine did not start
+        for block in range(self.plan.max_repeats):
+            if self.stop:
+                break
+            wanted = [i for i, p in enumerate(points) if self._repeating(lanes, p, block)]
+            if not wanted:
+                break
+            todo = {
+                (k, i): cell
+                for k, lane in enumerate(lanes)
+                for i in wanted
+                if k not in dead and (k, i) not in halted
+                for cell in [self.plan.cell(lane.config.engine, lane.label, points[i], block)]
+                if cell.key not in self.done
+            }
+            if todo:
+                await self._block(lanes, points, block, todo, halted, dead)
+
+    def _repeating(self, lanes: list[Lane], p: Point, block: int) -> bool:
+        """Whether point ``p`` gets a repeat in ``block``: the first --repeats always, then
+        while --target-ci asks for more (analysis.precise_enough)."""
+        if block < self.plan.repeats:
+            return True
+        if self.plan.target_ci is None:
+            return False
+        group = self.plan.cell(lanes[0].config.engine, lanes[0].label, p, 0).group
+        here = [r for r in self.runs if r.cell.group == group]
+        return not precise_enough(here, self.plan.target_ci)
+
+    async def _block(
+        self,
+        lanes: list[Lane],
+        points: Sequence[Point],
+        block: int,
+        todo: dict[tuple[int, int], Cell],
+        halted: set[tuple[int, int]],
+        dead: set[int],
+    ) -> None:
+        built = self._built(block)
+        live = sorted({k for k, _ in todo})  # orders over the lanes with cells here, balanced
+        try:
+            for j in build_order(len(live), self.plan.seed, block):
+                if self.stop:
+                    break
+                k = live[j]
+                await self._start(lanes[k], [c for (m, _), c in sorted(todo.items()) if m == k])
+                if lanes[k].engine is None:
+                    dead.add(k)
+                else:  # the record lists only engines built
+                    built.append(lanes[k].name)
+            for i in sorted({i for _, i in todo}):
+                present = [k for k in live if (k, i) in todo and lanes[k].engine is not None]
+                order = [present[m] for m in lane_order(len(present), block + i, self.plan.seed)]
+                for position, k in enumerate(order):
+                    if self.stop:
+                        break
+                    slot = Slot(self.design, i, block, position, self._seq)
+                    self._seq += 1
+                    run = await self._run_point(lanes[k], todo[(k, i)], points[i], True, slot)
+                    if run.status != "ok":  # fresh instances: every run warms up
+                        halted.add((k, i))
+        finally:
+            try:
+                await close_lanes(lanes)
+            finally:  # after the close (even a cancelled one), freed heap back to the OS
+                self.heap_trimmed_mb.append(trim_heap())
+                self.rss_after_block_mb.append(rss_mb())
+
+    async def _start(self, lane: Lane, cells: Sequence[Cell] | None = None) -> None:
+        """Start the lane's engine; if it cannot start, ``cells`` get the reason as status
+        (default: repeat 0 of every point it has to run)."""
+        from engines.base import create_engine
+
+        config = lane.config
+        if cells is None:
+            cells = [self.plan.cell(config.engine, lane.label, p, 0) for p in self._todo(lane)]
+        missing = unsupported_method(config)
+        if missing:
+            for cell in cells:
+                self._finish(Run(cell, config.spec_config, (), status=missing), missing)
+            return
+        engine = (self.engine_factory or create_engine)(config)
+        self._say(f"starting {config.engine} [{lane.label}]")
+        t_build = time.perf_counter()  # wall time of the build (real, not the session clock)
+        try:
+            await engine.start()
+            if self.plan.client_workers > 1:
+                from harness.run.client_workers import ClientPool
+
+                lane.clients = await ClientPool.start(engine, self.plan.client_workers, self.clock)
+        except Exception as exc:
+            status = f"failed: engine did not start: {error_line(exc)}"
+            self._say(status)
+            for cell in cells:
+                self._finish(Run(cell, config.spec_config, (), status=status), status)
+            with contextlib.suppress(Exception):
+                await engine.close()
+            return
+        lane.engine = engine
+        lane.info = {**engine.describe(), "start_s": round(time.perf_counter() - t_build, 3)}
+        if lane.clients is not None:
+            lane.info["client_workers"] = lane.clients.describe()
+        if config.spec_config is not None and lane.step_costs is None:  # once per lane
+            with contextlib.suppress(Exception):
+                lane.step_costs = await asyncio.to_thread(engine.step_costs)
+        if lane.step_costs is not None:
+            lane.info["step_costs"] = lane.step_costs
+
+    async def _repeat_point(self, lanes: list[Lane], p: Point, index: int) -> None:
+        """Repeats of one point, every lane once per repeat in the design's rotated order:
+        --repeats, then more (up to --max-repeats) until the CI of every deciding comparison at
+        this point is under --target-ci (analysis.precise_enough)."""
+        warm: set[int] = set()
+        active = list(lanes)
+        repeat = 0
+        while active and not self.stop:
+            order = [lanes[k] for k in lane_order(len(lanes), self._blocks, self.plan.seed)]
+            self._blocks += 1
+            position = 0
+            for lane in order:
+                if self.stop:
+                    break
+                if lane not in active:
+                    continue
+                cell = self.plan.cell(lane.config.engine, lane.label, p, repeat)
+                if cell.key in self.done:
+                    continue
+                slot = Slot(self.design, index, repeat, position, self._seq)
+                self._seq += 1
+                position += 1
+                run = await self._run_point(lane, cell, p, id(lane) not in warm, slot)
+                warm.add(id(lane))
+                if run.status != "ok":
+                    active.remove(lane)
+            repeat += 1
+            if repeat >= self.plan.max_repeats:
+                break
+            if repeat >= self.plan.repeats:
+                target = self.plan.target_ci
+                group = self.plan.cell(lanes[0].config.engine, lanes[0].label, p, 0).group
+                here = [r for r in self.runs if r.cell.group == group]
+                if target is None or precise_enough(here, target):
+                    break
+
+    async def _run_point(self, lane: Lane, cell: Cell, p: Point, warmup: bool, slot: Slot) -> Run:
+        engine, config, info = lane.engine, lane.config, lane.info
+        assert engine is not None
+        params = GenParams(
+            max_new_tokens=p.max_new_tokens,
+            temperature=self.plan.temperature,
+            ignore_eos=self.plan.ignore_eos,
+            seed=self.plan.seed,
+        )
+        records: list[RequestRecord] = []
+        t0 = self.clock()
+        if self.journal:
+            head = Run(cell, config.spec_config, (), engine_info=info, schedule=slot).to_json({})
+            self.journal.write("run", {"key": cell.key, "run": head})
+
+        requests = self.plan.point_requests(p, self.requests)
+        bar = self._bar(cell.name, None if self.plan.duration else len(requests))
+
+        def on_record(rec: RequestRecord) -> None:
+            records.append(rec)
+            if self.journal:
+                self.journal.write("record", {"key": cell.key, "record": rec.to_json(t0)})
+            if bar is not None and not rec.warmup:
+                bar.update(1)
+            counted = [r for r in records if not r.warmup]
+            if self.plan.max_error_rate is not None and len(counted) >= 5:
+                rate = sum(not r.ok for r in counted) / len(counted)
+                if rate > self.plan.max_error_rate:
+                    self.stop.set(
+                        f"error rate {rate:.0%} > --max-error-rate {self.plan.max_error_rate:.0%}"
+                    )
+
+        runner = Runner(
+            engine,
+            clock=self.clock,
+            on_record=on_record,
+            should_stop=lambda: bool(self.stop),
+            clients=lane.clients,
+        )
+        status, spec_metrics, extra = "ok", None, {}
+        try:
+            if warmup and self.plan.warmup:  # unmeasured prompts: they warm no measured prompt
+                cap = warmup_cap(self.plan.warmup_tokens, self.instances.get(lane.name, ONE))
+                length = params.max_new_tokens
+                warm = warmup_requests(self.requests, self.plan.warmup, cap, length)
+                await runner.run(warm, params, p.strategy, warmup=True)
+            slot = replace(slot, cache=await reset_cache(engine, self.plan.prefix_cache))
+            slot = replace(slot, t_start_s=self.clock() - self._t0)
+            before, cache_before = await spec_counters(engine), cache_counters(engine)
+            sampler = LoadSampler(engine, self.plan.sample_load_s)
+            async with sampler:
+                await runner.run(requests, params, p.strategy, duration=self.plan.duration)
+            after, cache_after = await spec_counters(engine), cache_counters(engine)
+            if before is not None and after is not None:
+                spec_metrics = (after - before).to_metrics()
+            extra = sampler.summary()
+            if cache_before is not None and cache_after is not None:
+                extra["prefix_cache"] = {k: cache_after[k] - cache_before[k] for k in cache_after}
+        except UnsupportedError as exc:
+            status = str(exc)
+        except EngineError as exc:
+            status = f"failed: {error_line(exc)}"
+        except asyncio.CancelledError:
+            status = "interrupted"
+        finally:
+            if bar is not None:
+                bar.close()
+        if self.stop and status == "ok":
+            status = f"stopped: {self.stop.reason}"
+        slot = replace(slot, t_end_s=self.clock() - self._t0)
+        run = Run(
+            cell, config.spec_config, tuple(records), t0, spec_metrics, info, status, extra, slot
+        )
+        self._finish(run, status)
+        return run
+
+    def _finish(self, run: Run, status: str) -> None:
+        self.runs.append(run)
+        if self.journal:
+            self.journal.write(
+                "end",
+                {
+                    "key": run.cell.key,
+                    "status": status,
+                    "spec_metrics": run.spec_metrics,
+                    "extra": dict(run.extra),
+                    "schedule": None if run.schedule is None else run.schedule.to_json(),
+                },
+            )
+
+    def _bar(self, desc: str, total: int | None) -> Any:
+        if not self.progress:
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True)
+
+    def _say(self, msg: str) -> None:
+        if self.progress:
+            print(f"[harness] {msg}", file=sys.stderr, flush=True)

@@ -1,0 +1,213 @@
+"""From the best speculative arm per load to one ``speculative_config`` that vLLM accepts as is.
+
+vLLM (0.32, ``vllm/v1/spec_decode/dynamic/utils.py``) takes ``num_speculative_tokens_per_batch_size``:
+``[[range_start, range_end, K], ...]``, inclusive batch-size ranges, sorted, non-overlapping, the
+first starting at 1; K >= 0 (0 = no drafting at that batch size); batch sizes in a gap or above
+the last range keep the previous range's K; every K is clamped to ``num_speculative_tokens``,
+which must be > 0. The scheduler looks K up by the number of requests in each step.
+
+Two things a per-load answer can hold that one config cannot, and what is emitted instead:
+* one method per config: the method that won at the most loads; where another won, that load
+  gets this method's own best K there (or 0), and a note says what was given up;
+* loads are concurrencies, the schedule is by batch size: load L_i covers batch sizes
+  [L_i, L_(i+1) - 1] (as vLLM's ``tune_speculative_k.py`` does), the first range starts at 1
+  and batch sizes above the last load keep its K.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engines.vllm_setup import SCHEDULE
+from harness.analysis.stats import Comparison
+from harness.tune.search import LoadResult
+
+Schedule = tuple[tuple[int, int, int], ...]
+
+
+@dataclass(frozen=True)
+class Pick:
+    """The answer at one load: the chosen method (None = speculation off) and K, and for each
+    method the K to use here if the config's method is that one (0 = off)."""
+
+    load: int
+    method: str | None
+    k: int
+    speedup: float | None = None  # the chosen arm over the baseline (point estimate)
+    by_method: Mapping[str, tuple[int, float | None]] = field(default_factory=dict)
+    off: str = ""  # why the chosen arm is not emitted here (speculation off), if it is not
+
+
+def choose_method(picks: Sequence[Pick]) -> str | None:
+    """The method chosen at the most loads; ties go to the larger summed log speedup."""
+    score: dict[str, tuple[int, float]] = {}
+    for p in picks:
+        if p.method is None:
+            continue
+        n, s = score.get(p.method, (0, 0.0))
+        gain = math.log(p.speedup) if p.speedup and p.speedup > 0 else 0.0
+        score[p.method] = (n + 1, s + gain)
+    if not score:
+        return None
+    return max(sorted(score), key=lambda m: score[m])
+
+
+def ranges(ks: Sequence[tuple[int, int]]) -> Schedule:
+    """(load, K) pairs -> inclusive batch-size ranges, adjacent equal K merged."""
+    pts = sorted(ks)
+    out: list[list[int]] = []
+    for i, (load, k) in enumerate(pts):
+        start = 1 if i == 0 else load
+        end = pts[i + 1][0] - 1 if i + 1 < len(pts) else load
+        if out and out[-1][2] == k:
+            out[-1][1] = end
+        else:
+            out.append([start, end, k])
+    return tuple((a, b, k) for a, b, k in out)
+
+
+def build_config(
+    picks: Sequence[Pick], method_configs: Mapping[str, Mapping[str, Any]]
+) -> tuple[dict[str, Any] | None, Schedule, list[str]]:
+    """(speculative_config, schedule, notes). The config is None where speculation pays at none
+    of the loads tuned: a schedule of K = 0 everywhere is not the same as no speculative_config (the engine
+    still carries the method: measured 0.81x [0.72, 0.90] of the baseline for draft_model on
+    the tiny pair), so the answer there is to run without one."""
+    notes: list[str] = []
+    method = choose_method(picks)
+    if method is None:
+        return (
+            None,
+            (),
+            ["speculation pays at none of the loads tuned: run without a speculative_config"],
+        )
+    ks: list[tuple[int, int]] = []
+    for p in sorted(picks, key=lambda p: p.load):
+        if p.method in (method, None):
+            ks.append((p.load, p.k if p.method == method else 0))
+            continue
+        k, s = p.by_method.get(method, (0, None))
+        ks.append((p.load, k))
+        here = f"{method}(k={k})" + (f" {s:.2f}x" if s else "") if k else "speculation off"
+        notes.append(
+            f"load {p.load}: the best was {p.method}(k={p.k})"
+            + (f" ({p.speedup:.2f}x)" if p.speedup else "")
+            + f"; vLLM takes one method per config, so this schedule uses {here} there"
+        )
+    schedule = ranges(ks)
+    top = max(k for _, _, k in schedule)
+    config = {
+        **dict(method_configs[method]),
+        "method": method,
+        "num_speculative_tokens": max(top, 1),  # must be > 0; the schedule says where K = 0
+        SCHEDULE: [list(r) for r in schedule],
+    }
+    if method != "ngram" and any(k == 0 for _, _, k in schedule):
+        notes.append(
+            f"K = 0 ranges of {method} are not speculation off: the drafter still costs its steps "
+            "(tiny pair, draft_model, K = 0 at batch 8: 0.64x [0.55, 0.73] of the baseline); the "
+            "verification's schedule-vs-baseline column says what they cost here"
+        )
+    loads = sorted(p.load for p in picks)
+    if loads and loads[0] > 1:
+        notes.append(f"batch sizes 1..{loads[0] - 1} (not measured) take the K of load {loads[0]}")
+    if loads:
+        notes.append(
+            f"batch sizes above {loads[-1]} (not measured) keep the K of load {loads[-1]} "
+            "(vLLM carries the last range forward)"
+        )
+    return config, schedule, notes
+
+
+def fixed_config(config: Mapping[str, Any], k: int) -> dict[str, Any]:
+    """The same speculative_config with one fixed K everywhere (no schedule)."""
+    out = {key: v for key, v in config.items() if key != SCHEDULE}
+    out["num_speculative_tokens"] = k
+    return out
+
+
+def describe(schedule: Schedule) -> str:
+    """ "batch 1-3: K=4, 4-7: K=2, 8+: off" (the last range reaches every larger batch)."""
+    parts = []
+    for i, (a, b, k) in enumerate(schedule):
+        last = i == len(schedule) - 1
+        span = f"{a}+" if last else (f"{a}" if a == b else f"{a}-{b}")
+        parts.append(f"{span}: {'off' if k == 0 else f'K={k}'}")
+    return "batch " + ", ".join(parts)
+
+
+UNDECIDED_OFF = "undecided: off (not significantly faster than the baseline)"
+RULE = (
+    "speculation is on at a load where the chosen arm beats the baseline by more than the "
+    "tolerance (--min-effect) by its point estimate and is not significantly slower, the "
+    "standard the fixed K it is verified against is chosen by; where the race ended undecided "
+    "(its rounds or the time budget ran out) only if its CI against the baseline lies above 1 "
+    "(lower bound > 1): an unproven leader is not emitted; elsewhere K = 0"
+)
+
+
+def pays(v: Comparison | None, tol: float, decided: bool = True) -> bool:
+    """Speculation on: ahead of the baseline by more than the tolerance by its point estimate and
+    not significantly slower; the standard the fixed K it is verified against was chosen by (a
+    CI above 1 held only by the schedule turned off loads that fixed K then won, 11:28 UTC).
+    Where the race was not decided, also its CI above 1: with the rounds cut by the budget a
+    point estimate is an unproven leader (ngram K=6, 15:10 UTC: chosen at 1.05x [0.93, 1.17],
+    then 0.89x [0.81, 0.98] of the baseline in verification)."""
+    if v is None or v.estimate is None or v.estimate <= 1 + tol or v.verdict == "slower":
+        return False
+    return decided or (v.lo is not None and v.lo > 1)
+
+
+def picks(results: Sequence[LoadResult], tol: float = 0.02) -> list[Pick]:
+    """Per load: the chosen arm where it pays (``pays``), else speculation off; and for each
+    method its best K that pays there (none: off): what a one-method schedule can use there."""
+    out = []
+    for r in results:
+        by_method: dict[str, tuple[int, float | None]] = {}
+        for c in r.candidates:
+            m, v = c.arm.method, c.vs_baseline
+            if m is None or v is None or v.estimate is None or c.status == "pruned":
+                continue
+            if pays(v, tol, r.decided) and v.estimate > (by_method.get(m, (0, 0.0))[1] or 0.0):
+                by_method[m] = (c.arm.k, v.estimate)
+        chosen = r.candidate(r.chosen)
+        v = chosen.vs_baseline if chosen else None
+        if r.chosen.method is not None and pays(v, tol, r.decided):
+            out.append(Pick(r.load, r.chosen.method, r.chosen.k, v.estimate, by_method))
+            continue
+        why = ""
+        if r.chosen.method is not None and not r.decided and pays(v, tol):
+            why = UNDECIDED_OFF
+        elif r.chosen.method is not None:
+            why = f"off: not more than {tol:.0%} faster than the baseline"
+        out.append(Pick(r.load, None, 0, 1.0, by_method, why))  # on only where shown to pay
+    return out
+
+
+def best_fixed_k(results: Sequence[LoadResult], method: str) -> int:
+    """The single K of ``method`` with the best summed log speedup over the loads (measured
+    where it raced, else predicted), of the K that raced somewhere: its engine is warm."""
+    score = _scores(results, method)
+    return max(sorted(score), key=lambda k: score[k]) if score else 1
+
+
+def best_fixed_score(results: Sequence[LoadResult], method: str) -> float:
+    return max(_scores(results, method).values(), default=-math.inf)
+
+
+def _scores(results: Sequence[LoadResult], method: str) -> dict[int, float]:
+    ran = {c.arm.k for r in results for c in r.candidates if c.arm.method == method and c.rounds}
+    score: dict[int, float] = {}
+    for r in results:
+        for c in r.candidates:
+            if c.arm.method != method or c.arm.k not in ran:
+                continue
+            v = c.vs_baseline
+            s = v.estimate if v is not None and v.estimate and c.status != "pruned" else None
+            s = s or c.predicted
+            if s and s > 0:
+                score[c.arm.k] = score.get(c.arm.k, 0.0) + math.log(s)
+    return score
