@@ -107,8 +107,8 @@ async def _harness(url: str, texts: list[str], tokens: int, c: int, extra: dict)
     engine = OpenAIEngine(EngineConfig(engine="openai", model="stub", options=opts))
     await engine.start()
     try:
-        params = GenParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=True)
-        return await Runner(engine).run(requests(texts), params, Concurrent(c))
+        params = GenParams(temperature=0.0, ignore_eos=True)
+        return await Runner(engine).run(requests(texts, tokens), params, Concurrent(c))
     finally:
         await engine.close()
 

@@ -163,10 +163,11 @@ def prompts(n: int, tag: str = "p") -> list[str]:
     return out
 
 
-def requests(texts: Sequence[str]) -> list[Any]:
+def requests(texts: Sequence[str], tokens: int) -> list[Any]:
+    """One request per text, each generating ``tokens`` (the only length an engine reads)."""
     from workloads.base import Request
 
-    return [Request(id=f"r{i}", prompt=t) for i, t in enumerate(texts)]
+    return [Request(id=f"r{i}", prompt=t, max_new_tokens=tokens) for i, t in enumerate(texts)]
 
 
 # ---- interleaving & ratios ----------------------------------------------------------------------

@@ -72,7 +72,7 @@ async def _round(engine: StepSimEngine, reqs: list[Any], cell: Cell, harness: bo
 
     core = engine.core
     await engine.call_on_stepper(lambda _: core.reset_stats())  # between steps
-    params = GenParams(max_new_tokens=cell.steps, ignore_eos=True)
+    params = GenParams(ignore_eos=True)  # each request: max_new_tokens=cell.steps
     s0, l0, t0 = engine.stepper_cpu(), time.thread_time(), now()
     if harness:
         recs = await Runner(engine).run(reqs, params, Concurrent(cell.batch))
@@ -166,8 +166,8 @@ async def _http_client(quick: bool) -> tuple[list[list[Any]], dict[str, float]]:
             try:
                 for k in range(pairs + 1):  # the first pair is the warm-up
                     for tokens in lengths if k % 2 == 0 else lengths[::-1]:
-                        reqs = requests(prompts(n, tag=f"http{k}-{tokens}"))
-                        params = GenParams(max_new_tokens=tokens, ignore_eos=True)
+                        reqs = requests(prompts(n, tag=f"http{k}-{tokens}"), tokens)
+                        params = GenParams(ignore_eos=True)
                         p0, t0 = time.process_time(), now()
                         recs = await Runner(engine).run(reqs, params, Concurrent(conc))
                         dt, c = now() - t0, time.process_time() - p0

@@ -98,7 +98,7 @@ async def _harness(engine: Any, reqs: list[Any], tokens: int) -> dict[str, float
     from harness.core.load import Synchronous
     from harness.run.runner import Runner
 
-    params = GenParams(max_new_tokens=tokens, ignore_eos=True)
+    params = GenParams(ignore_eos=True)  # each request carries its length
     l0, t0 = time.thread_time(), time.perf_counter()
     recs = await Runner(engine).run(reqs, params, Synchronous())
     dt = time.perf_counter() - t0
@@ -115,7 +115,7 @@ def _raw(engine: Any, reqs: list[Any], tokens: int) -> dict[str, float]:
     import torch
 
     tok, m = engine.tokenizer, engine.model
-    gc = engine._gen_config(_params(tokens), tokens)
+    gc = engine._gen_config(_params(), tokens)
     t0, n = time.perf_counter(), 0
     with torch.inference_mode():
         for r in reqs:
@@ -128,10 +128,10 @@ def _raw(engine: Any, reqs: list[Any], tokens: int) -> dict[str, float]:
     return {"tok_s": n / dt, "tokens": n}
 
 
-def _params(tokens: int) -> Any:
+def _params() -> Any:
     from engines.base import GenParams
 
-    return GenParams(max_new_tokens=tokens, ignore_eos=True)
+    return GenParams(ignore_eos=True)
 
 
 async def check(device: str, sizes: dict[str, dict[str, int]], n_prompts: int, tokens: int,
@@ -165,7 +165,7 @@ async def check(device: str, sizes: dict[str, dict[str, int]], n_prompts: int, t
         plain = engines["plain"]
         n_params, nbytes = weights_read_per_token(plain.model)
         costs = engines[f"assisted K={K}"].step_costs(10 if device == "cpu" else 30)
-        reqs = requests(prompts(n_prompts, tag="gpu"))
+        reqs = requests(prompts(n_prompts, tag="gpu"), tokens)
         # warm-up: a whole untimed round. On an H200 a thread's first pass through each new
         # shape (every KV length) ran 5-10x slower (engines/hf_thread.py); one short request
         # left the first timed rounds at 26-52 tok/s against 117-184 in the third (2026-11-30).

@@ -204,9 +204,9 @@ async def _vllm_scaled(model: str, quick: bool, pairs: int, tokens: int) -> list
 
     engine = VLLMEngine(EngineConfig(engine="vllm", model=scaled_model(model, SCALED)))
     await engine.start()
-    params = GenParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=True)
+    params = GenParams(temperature=0.0, ignore_eos=True)
     try:
-        reqs = requests(prompts(32, tag="tp"))
+        reqs = requests(prompts(32, tag="tp"), tokens)
 
         tp = _harness_side(engine, reqs, params, Concurrent(len(reqs)))
         raw = _vllm_batch(engine, reqs, params, streamed=False)
@@ -224,10 +224,10 @@ async def _vllm(model: str, quick: bool, pairs: int, tokens: int) -> list[Measur
 
     engine = VLLMEngine(EngineConfig(engine="vllm", model=model, device="cpu"))
     await engine.start()
-    params = GenParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=True)
+    params = GenParams(temperature=0.0, ignore_eos=True)
     try:
-        reqs = requests(prompts(8 if quick else 32, tag="tp"))
-        one = requests(prompts(2 if quick else 4, tag="lat"))
+        reqs = requests(prompts(8 if quick else 32, tag="tp"), tokens)
+        one = requests(prompts(2 if quick else 4, tag="lat"), tokens)
 
         async def raw_loop() -> tuple[float, list[list[int]]]:
             t0 = now()
@@ -258,9 +258,9 @@ async def _hf(model: str, quick: bool, pairs: int, tokens: int) -> list[Measured
 
     engine = HFEngine(EngineConfig(engine="hf", model=model, device="cpu"))
     await engine.start()
-    params = GenParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=True)
+    params = GenParams(temperature=0.0, ignore_eos=True)
     try:
-        one = requests(prompts(2 if quick else 4, tag="lat"))
+        one = requests(prompts(2 if quick else 4, tag="lat"), tokens)
         tok, m = engine.tokenizer, engine.model
         gc = copy.deepcopy(m.generation_config)
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0

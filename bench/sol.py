@@ -39,8 +39,8 @@ async def _decode_rate(engine: Any, texts: list[str], tokens: int) -> dict[str, 
     from harness.core.load import Synchronous
     from harness.run.runner import Runner
 
-    params = GenParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=True)
-    recs = await Runner(engine).run(requests(texts), params, Synchronous())
+    params = GenParams(temperature=0.0, ignore_eos=True)
+    recs = await Runner(engine).run(requests(texts, tokens), params, Synchronous())
     s = summarize(recs)
     assert s["failed"] == 0, s["errors"]
     return {"decode_tok_s": 1.0 / s["tpot_s"]["median"], "e2e_tok_s": s["output_tok_s"]}

@@ -22,7 +22,7 @@ import types
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from engines.base import EngineConfig, GenParams, Request
+from engines.base import EngineConfig, GenParams, Request, new_tokens
 from engines.vllm import VLLMEngine
 
 
@@ -133,7 +133,7 @@ class StepSimEngine(VLLMEngine):
         return SimLLM(self.core)
 
     def sampling_params(self, request: Request, params: GenParams, delta: bool) -> Any:
-        return types.SimpleNamespace(max_tokens=request.max_new_tokens or params.max_new_tokens)
+        return types.SimpleNamespace(max_tokens=new_tokens(request))
 
     def describe(self) -> Mapping[str, Any]:
         c = self.core

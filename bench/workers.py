@@ -53,8 +53,8 @@ async def _side(engine: Any, pool: Any, n: int, tag: str, stub_pid: int) -> dict
     from harness.core.load import Concurrent
     from harness.run.runner import Runner
 
-    reqs = requests(prompts(n, tag=tag))
-    params = GenParams(max_new_tokens=TOKENS, ignore_eos=True)
+    reqs = requests(prompts(n, tag=tag), TOKENS)
+    params = GenParams(ignore_eos=True)
     s0, p0, t0 = proc_cpu(stub_pid), time.process_time(), now()
     recs = await Runner(engine, clients=pool).run(reqs, params, Concurrent(CONC))
     wall, parent, stub = now() - t0, time.process_time() - p0, proc_cpu(stub_pid) - s0

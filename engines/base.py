@@ -33,13 +33,23 @@ class UnsupportedError(EngineError):
 
 @dataclass(frozen=True)
 class GenParams:
-    """Generation parameters shared by every engine; each adapter translates them."""
+    """Generation parameters shared by every request of a run; each adapter translates them.
+    No length: each request carries its own (:func:`new_tokens`)."""
 
-    max_new_tokens: int = 128
     temperature: float = 0.0
     top_p: float = 1.0
     ignore_eos: bool = False
     seed: int = 0
+
+
+def new_tokens(request: Request) -> int:
+    """The one length an engine generates to: ``request.max_new_tokens``, which the harness
+    resolves for every request before any engine sees it (the request file's own, else
+    ``--max-new-tokens`` or the dataset's output length: ``harness.run.plan.resolve_lengths``).
+    A request without one is a caller's bug, said in one line."""
+    if request.max_new_tokens is None:
+        raise EngineError(f"request {request.id!r}: no max_new_tokens (set it on the request)")
+    return request.max_new_tokens
 
 
 @dataclass(frozen=True)

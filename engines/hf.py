@@ -31,6 +31,7 @@ from engines.base import (
     Request,
     SpecCounters,
     UnsupportedError,
+    new_tokens,
 )
 from engines.hf_spec import (
     SPEC_METHODS,
@@ -290,7 +291,7 @@ class HFEngine(Engine):
         self, request: Request, params: GenParams, clock: Clock | None = None
     ) -> AsyncIterator[Chunk]:
         ids, chat = prompt_ids(self.tokenizer, request)
-        max_new = request.max_new_tokens or params.max_new_tokens
+        max_new = new_tokens(request)
         out: list[int] = []
         async for steps in self._generate([ids], params, max_new, clock):
             n0 = len(out)
@@ -318,7 +319,7 @@ class HFEngine(Engine):
                 f"hf engine: {self.config.spec_method} supports batch size 1 only"
             )
         encoded = [prompt_ids(self.tokenizer, r) for r in requests]
-        limits = [r.max_new_tokens or params.max_new_tokens for r in requests]
+        limits = [new_tokens(r) for r in requests]
         eos = set() if params.ignore_eos else self._eos_ids()
         outs: list[list[int]] = [[] for _ in requests]
         done = [False] * len(requests)

@@ -38,6 +38,7 @@ from engines.base import (
     EngineError,
     GenParams,
     SpecCounters,
+    new_tokens,
 )
 from engines.http_flags import OpenAIFlags
 from engines.local_model import counting_tokenizer
@@ -372,7 +373,7 @@ class OpenAIEngine(OpenAIFlags, Engine):
 
     def _payload(self, request: Request, params: GenParams) -> tuple[str, dict[str, Any]]:
         endpoint = self.endpoint or ("chat" if request.messages is not None else "completions")
-        max_tokens = request.max_new_tokens or params.max_new_tokens
+        max_tokens = new_tokens(request)
         body: dict[str, Any] = {
             "model": self.served_model,
             "stream": True,

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from engines.base import EngineConfig, EngineError, GenParams, Request
+from engines.base import EngineConfig, EngineError, GenParams, Request, new_tokens
 from engines.local_model import missing_path
 
 # vLLM on CPU: one table for the in-process engine and the managed `vllm serve`, so that comparing
@@ -362,7 +362,7 @@ def sampling_params(request: Request, params: GenParams, delta: bool) -> Any:
     from vllm.sampling_params import RequestOutputKind
 
     return SamplingParams(
-        max_tokens=request.max_new_tokens or params.max_new_tokens,
+        max_tokens=new_tokens(request),
         temperature=params.temperature,
         top_p=params.top_p,
         ignore_eos=params.ignore_eos,

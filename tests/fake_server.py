@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiohttp import web
@@ -44,6 +44,7 @@ class Behaviour:
     """
 
     tokens: int = 8
+    obey_max_tokens: bool = False  # as a real server: at most the body's max_tokens tokens
     per_chunk: int = 1
     delay: float = 0.0
     first_delay: float | None = None
@@ -201,6 +202,8 @@ class FakeServer:
         if self.api_key is not None and auth != f"Bearer {self.api_key}":
             return web.json_response({"error": {"message": "bad key"}}, status=401)
         b = self.script(index) if callable(self.script) else self.script
+        if b.obey_max_tokens and isinstance(body.get("max_tokens"), int):
+            b = replace(b, tokens=min(b.tokens, body["max_tokens"]))
         if b.status is not None:
             return web.json_response(
                 {"error": {"message": f"scripted {b.status}"}}, status=b.status

@@ -155,7 +155,7 @@ def test_a_worker_sends_on_the_parents_t0(ahead, sent) -> None:
     parent, child = Pipe()
     worker = _Worker(child, engine.config, clock, sleep=clock.sleep)
     share = Share(0, tuple(range(len(offsets))), offsets, None)
-    asyncio.run(worker._job(engine, Job(1, reqs, None, share, GenParams(1), t0, None, False)))
+    asyncio.run(worker._job(engine, Job(1, reqs, None, share, GenParams(), t0, None, False)))
     records = []
     while parent.poll():
         msg = parent.recv()

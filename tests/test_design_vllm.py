@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -113,7 +114,7 @@ def test_prefix_cache_counters_see_hits_until_reset(embedded_pair: tuple[str, st
                 if reset:
                     assert await engine.reset_prefix_cache() == "reset"
                 before = engine.prefix_cache_counters()
-                async for _ in engine.stream(PROMPTS[0], GenParams(max_new_tokens=4)):
+                async for _ in engine.stream(replace(PROMPTS[0], max_new_tokens=4), GenParams()):
                     pass
                 after = engine.prefix_cache_counters()
                 seen.append({k: after[k] - before[k] for k in after})

@@ -8,7 +8,9 @@ A new engine is covered by one entry in ``ENTRIES`` (how to start it cheaply, an
 - ``validate`` refuses a bad config with one line (``EngineError``);
 - started, it streams a short greedy request whose token-carrying chunks are stamped with the
   clock it was handed (values that clock returned, in order, inside the request), reports its
-  token counts, answers the same ids again (greedy), describes itself as JSON, and closes.
+  token counts, answers the same ids again (greedy), describes itself as JSON, and closes;
+- it generates to the request's own ``max_new_tokens`` (the one length an engine reads; the
+  harness resolves it before: tests/test_lengths.py): exactly that many with ignore_eos.
 
 Engines that start a model or a server are ``slow``; ``openai`` runs on the repo's fake server.
 The managed servers come from the session's shared pool (tests/servers.py), which closes them at
@@ -24,7 +26,7 @@ import json
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -45,7 +47,8 @@ from engines.base import (
 from tests.fake_server import Behaviour, FakeServer
 
 N = 8
-GREEDY = GenParams(max_new_tokens=N, temperature=0.0, ignore_eos=True)
+GREEDY = GenParams(temperature=0.0, ignore_eos=True)  # no length: the request carries it
+SHORT = 3  # a second request's own length, under N
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return"
 ABSTRACT = sorted(Engine.__abstractmethods__)  # validate, start, describe, stream, close
 
@@ -82,7 +85,7 @@ def _in_process(engine: str) -> Starter:
 
 @contextlib.asynccontextmanager
 async def _on_fake_server(pair: tuple[str, str]) -> AsyncIterator[Engine]:
-    async with FakeServer(Behaviour(tokens=N, delay=0.001)) as url:
+    async with FakeServer(Behaviour(tokens=N, delay=0.001, obey_max_tokens=True)) as url:
         e = create_engine(EngineConfig("openai", "m", options={"base_urls": [url]}))
         await e.start()
         try:
@@ -199,7 +202,7 @@ def test_engine_keeps_the_contract(
     else:
         assert entry.start is not None
         started = entry.start(tiny_pair)
-    req = Request(id="contract", prompt=PROMPT)
+    req = Request(id="contract", prompt=PROMPT, max_new_tokens=N)
 
     async def check() -> Engine:
         async with started as engine:
@@ -213,6 +216,8 @@ def test_engine_keeps_the_contract(
             first = _check_counts(name, chunks)
             again = [c async for c in engine.stream(req, GREEDY, clock)]
             assert _output(again) == first, "greedy: the same request gives the same output"
+            short = [c async for c in engine.stream(replace(req, max_new_tokens=SHORT), GREEDY)]
+            assert _generated(short) == SHORT, f"{name}: ignored the request's max_new_tokens"
             assert engine.spec_counters() is None  # a baseline config
             batch = engine.max_batch()
             assert batch is None or batch >= 1
@@ -221,9 +226,11 @@ def test_engine_keeps_the_contract(
             cache = engine.prefix_cache_counters()
             assert cache is None or set(cache) >= {"queries", "hits"}
             if engine.capabilities.static_batching:
-                two = [Request(id=f"b{i}", prompt=PROMPT) for i in range(2)]
-                got = [i async for i, _ in engine.stream_batch(two, GREEDY, clock)]
-                assert set(got) == {0, 1}
+                two = [Request(id=f"b{i}", prompt=PROMPT, max_new_tokens=N - i) for i in range(2)]
+                got: dict[int, list[Chunk]] = {}
+                async for i, c in engine.stream_batch(two, GREEDY, clock):
+                    got.setdefault(i, []).append(c)
+                assert {i: _generated(cs) for i, cs in got.items()} == {0: N, 1: N - 1}
             return engine
 
     engine = loop.run_until_complete(check())
@@ -261,6 +268,12 @@ def _check_counts(name: str, chunks: list[Chunk]) -> tuple[Any, ...]:
             assert usage[-1] == total
     assert prompt and prompt[-1] > 0, f"{name}: prompt tokens not reported"
     return _output(chunks)
+
+
+def _generated(chunks: list[Chunk]) -> int:
+    """Output tokens: the server's usage where it reports one, else the chunks' sizes."""
+    usage = [c.usage_output_tokens for c in chunks if c.usage_output_tokens is not None]
+    return usage[-1] if usage else sum(c.size for c in chunks)
 
 
 def _output(chunks: list[Chunk]) -> tuple[Any, ...]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -67,7 +68,7 @@ def _timed(chunks: list) -> list:
     return [c for c in chunks if c.size]
 
 
-GREEDY = GenParams(max_new_tokens=N, ignore_eos=True)
+GREEDY = GenParams(ignore_eos=True)  # the length: each request carries its own
 
 
 def test_acceptance_arithmetic() -> None:
@@ -100,7 +101,7 @@ def test_acceptance_arithmetic() -> None:
 
 def test_baseline_stream_matches_generate(engines: dict[str, HFEngine]) -> None:
     eng = engines["baseline"]
-    req = Request(id="a", prompt=PROMPTS[0])
+    req = Request(id="a", prompt=PROMPTS[0], max_new_tokens=N)
     chunks = _collect(eng, req, GREEDY)
     ids = eng.tokenizer(PROMPTS[0], return_tensors="pt")
     ref = eng.model.generate(
@@ -121,7 +122,7 @@ def test_spec_is_lossless_and_counts(engines: dict[str, HFEngine], method: str) 
     before = eng.spec_counters()
     multi = False
     for i, p in enumerate(PROMPTS):
-        req = Request(id=str(i), prompt=p)
+        req = Request(id=str(i), prompt=p, max_new_tokens=N)
         ref = _ids(_collect(base, req, GREEDY))
         b = eng.spec_counters()
         chunks = _collect(eng, req, GREEDY)
@@ -143,8 +144,8 @@ def test_spec_is_lossless_and_counts(engines: dict[str, HFEngine], method: str) 
 def test_draft_model_yields_multi_token_chunks(engines: dict[str, HFEngine]) -> None:
     """Repetitive text: the draft agrees with the target somewhere, so a step emits > 1 token."""
     eng = engines["draft_model"]
-    req = Request(id="r", prompt=PROMPTS[2])
-    chunks = _collect(eng, req, GenParams(max_new_tokens=32, ignore_eos=True))
+    req = Request(id="r", prompt=PROMPTS[2], max_new_tokens=32)
+    chunks = _collect(eng, req, GREEDY)
     assert sum(c.size for c in chunks) == 32
     assert any(c.size > 1 for c in chunks)
 
@@ -171,7 +172,12 @@ def test_stamped_stream_is_delivered_in_batches(
 
     async def go() -> tuple[float, list, float]:
         t0 = time.perf_counter()
-        chunks = [c async for c in eng.stream(Request("c", PROMPTS[0]), GREEDY, time.perf_counter)]
+        chunks = [
+            c
+            async for c in eng.stream(
+                Request("c", PROMPTS[0], max_new_tokens=N), GREEDY, time.perf_counter
+            )
+        ]
         return t0, chunks, time.perf_counter()
 
     t0, chunks, t1 = asyncio.run(go())
@@ -186,7 +192,7 @@ def test_stamped_stream_is_delivered_in_batches(
 
 def test_stream_batch_matches_single(engines: dict[str, HFEngine]) -> None:
     eng = engines["baseline"]
-    reqs = [Request(id=str(i), prompt=p) for i, p in enumerate(PROMPTS)]
+    reqs = [Request(id=str(i), prompt=p, max_new_tokens=N) for i, p in enumerate(PROMPTS)]
 
     async def go() -> dict[int, list[int]]:
         rows: dict[int, list[int]] = {}
@@ -208,7 +214,7 @@ def test_stream_batch_matches_single(engines: dict[str, HFEngine]) -> None:
 
     async def until_eos() -> dict[int, list[int]]:
         rows: dict[int, list[int]] = {}
-        async for i, c in eng.stream_batch(reqs, GenParams(max_new_tokens=N)):
+        async for i, c in eng.stream_batch(reqs, GenParams()):
             rows.setdefault(i, []).extend(c.token_ids)
         return rows
 
@@ -221,24 +227,26 @@ def test_stream_batch_matches_single(engines: dict[str, HFEngine]) -> None:
 
 def test_sampling_seeded_and_early_close(engines: dict[str, HFEngine]) -> None:
     eng = engines["draft_model"]
-    req = Request(id="s", prompt=PROMPTS[0])
-    params = GenParams(max_new_tokens=8, temperature=1.0, top_p=0.9, seed=7, ignore_eos=True)
+    req = Request(id="s", prompt=PROMPTS[0], max_new_tokens=8)
+    params = GenParams(temperature=1.0, top_p=0.9, seed=7, ignore_eos=True)
     a, b = _ids(_collect(eng, req, params)), _ids(_collect(eng, req, params))
     assert a == b and len(a) == 8
 
     async def first_then_close() -> None:
-        agen = eng.stream(req, GenParams(max_new_tokens=10_000, ignore_eos=True))
+        agen = eng.stream(replace(req, max_new_tokens=10_000), GREEDY)
         async for _ in agen:
             break
         await agen.aclose()  # stops the worker thread (or this test would take minutes)
 
     asyncio.run(first_then_close())
-    assert len(_ids(_collect(eng, req, GREEDY))) == N
+    assert len(_ids(_collect(eng, replace(req, max_new_tokens=N), GREEDY))) == N
 
 
 def test_spec_batch_unsupported(engines: dict[str, HFEngine]) -> None:
     async def go() -> None:
-        async for _ in engines["ngram"].stream_batch([Request(id="x", prompt="a")], GREEDY):
+        async for _ in engines["ngram"].stream_batch(
+            [Request(id="x", prompt="a", max_new_tokens=N)], GREEDY
+        ):
             pass
 
     with pytest.raises(UnsupportedError, match="batch size 1"):
@@ -247,8 +255,8 @@ def test_spec_batch_unsupported(engines: dict[str, HFEngine]) -> None:
 
 def test_messages_and_describe(engines: dict[str, HFEngine]) -> None:
     eng = engines["draft_model"]
-    req = Request(id="m", messages=({"role": "user", "content": "Hello there"},))
-    chunks = _collect(eng, req, GenParams(max_new_tokens=4, ignore_eos=True))
+    req = Request(id="m", messages=({"role": "user", "content": "Hello there"},), max_new_tokens=4)
+    chunks = _collect(eng, req, GREEDY)
     assert chunks[0].info == {"chat_template": bool(eng.tokenizer.chat_template)}
     d = eng.describe()
     assert d["device"] == "cpu" and d["dtype"] == "float32"
@@ -294,11 +302,11 @@ def test_every_forward_runs_on_the_one_generation_thread(engines: dict[str, HFEn
     try:
         for eng in engines.values():
             for p in PROMPTS[:2]:
-                _collect(eng, Request(id="t", prompt=p), GenParams(max_new_tokens=4))
+                _collect(eng, Request(id="t", prompt=p, max_new_tokens=4), GenParams())
 
         async def batch() -> None:
-            reqs = [Request(id=str(i), prompt=p) for i, p in enumerate(PROMPTS)]
-            async for _ in engines["baseline"].stream_batch(reqs, GenParams(max_new_tokens=4)):
+            reqs = [Request(id=str(i), prompt=p, max_new_tokens=4) for i, p in enumerate(PROMPTS)]
+            async for _ in engines["baseline"].stream_batch(reqs, GenParams()):
                 pass
 
         asyncio.run(batch())
@@ -321,7 +329,7 @@ def test_a_request_left_while_queued_does_not_generate(engines: dict[str, HFEngi
         generation_thread().submit(release.wait, 10)  # the thread is busy elsewhere
 
         async def consume() -> None:
-            async for _ in eng.stream(Request(id="q", prompt=PROMPTS[0]), GREEDY):
+            async for _ in eng.stream(Request(id="q", prompt=PROMPTS[0], max_new_tokens=N), GREEDY):
                 pass
 
         task = asyncio.create_task(consume())
@@ -337,4 +345,6 @@ def test_a_request_left_while_queued_does_not_generate(engines: dict[str, HFEngi
         hook.remove()
         release.set()
     assert forwards == []
-    assert len(_ids(_collect(eng, Request(id="n", prompt=PROMPTS[0]), GREEDY))) == N
+    assert (
+        len(_ids(_collect(eng, Request(id="n", prompt=PROMPTS[0], max_new_tokens=N), GREEDY))) == N
+    )

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -23,9 +24,9 @@ from engines.sse import RequestFailed, sse_events
 from tests.fake_server import TOKEN_BASE, Behaviour, FakeServer, render_metrics
 from workloads.base import Request
 
-PROMPT = Request(id="r0", prompt="one two three")
-CHAT = Request(id="c0", messages=({"role": "user", "content": "hello there"},))
-PARAMS = GenParams(max_new_tokens=8, ignore_eos=True)
+PROMPT = Request(id="r0", prompt="one two three", max_new_tokens=8)
+CHAT = Request(id="c0", messages=({"role": "user", "content": "hello there"},), max_new_tokens=8)
+PARAMS = GenParams(ignore_eos=True)  # the length: each request carries its own
 
 
 def _config(*urls: str, **options: Any) -> EngineConfig:
@@ -115,7 +116,7 @@ def test_chat_multiline_crlf_comments_and_text_only_server() -> None:
     b = Behaviour(tokens=5, token_ids=False, multiline=True, crlf=True, comments=True)
 
     async def body(engine: OpenAIEngine, server: FakeServer) -> None:
-        chunks = await _collect(engine, CHAT, GenParams(max_new_tokens=5, ignore_eos=False))
+        chunks = await _collect(engine, replace(CHAT, max_new_tokens=5), GenParams())
         timed = [c for c in chunks if c.size]
         assert [c.num_tokens for c in timed] == [1] * 5 and all(not c.token_ids for c in timed)
         assert "".join(c.text for c in timed) == "t0 t1 t2 t3 t4 "
@@ -212,7 +213,7 @@ def test_api_key_file(tmp_path) -> None:
 
 def test_two_hundred_concurrent_streams() -> None:
     async def body(engine: OpenAIEngine, server: FakeServer) -> None:
-        reqs = [Request(id=str(i), prompt=f"p {i}") for i in range(200)]
+        reqs = [Request(id=str(i), prompt=f"p {i}", max_new_tokens=8) for i in range(200)]
         results = await asyncio.gather(*(_collect(engine, r) for r in reqs))
         assert [_tokens(c) for c in results] == [16] * 200
         assert len(server.requests) == 200

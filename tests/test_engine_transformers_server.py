@@ -70,12 +70,12 @@ def test_every_request_ok_with_the_servers_token_counts(
     server = servers[which]
     engine = _openai(server, endpoint=endpoint, served_model=server.config.model)
     strategy = Synchronous() if mode == "latency" else Concurrent(4)
-    reqs = [Request(id=f"r{i}", prompt=p) for i, p in enumerate(PROMPTS)]
+    reqs = [Request(id=f"r{i}", prompt=p, max_new_tokens=N) for i, p in enumerate(PROMPTS)]
 
     async def main() -> list[Any]:
         await engine.start()
         try:
-            return await Runner(engine).run(reqs, GenParams(max_new_tokens=N), strategy)
+            return await Runner(engine).run(reqs, GenParams(), strategy)
         finally:
             await engine.close()
 

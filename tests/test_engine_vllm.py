@@ -34,7 +34,8 @@ PROMPTS = [
     "jumps over",
     "quick quick",
 ]
-GREEDY = GenParams(max_new_tokens=24, ignore_eos=True)
+LENGTH = 24  # each request carries its length (engines.base.new_tokens)
+GREEDY = GenParams(ignore_eos=True)
 NGRAM = {
     "method": "ngram",
     "num_speculative_tokens": 4,
@@ -49,7 +50,10 @@ def pair(embedded_pair: tuple[str, str]) -> tuple[str, str]:
 
 
 def _requests(n: int = len(PROMPTS)) -> list[Request]:
-    return [Request(id=f"r{i}", prompt=PROMPTS[i % len(PROMPTS)]) for i in range(n)]
+    return [
+        Request(id=f"r{i}", prompt=PROMPTS[i % len(PROMPTS)], max_new_tokens=LENGTH)
+        for i in range(n)
+    ]
 
 
 async def _stream_all(engine: VLLMEngine, reqs: list[Request]) -> dict[str, Any]:
@@ -98,7 +102,9 @@ def baseline(pair: tuple[str, str]) -> dict[str, Any]:
             late = await _late_join(engine)
             stamped = await _stamped(engine, reqs)
             raw_streamed = await generate_batch(engine, reqs, GREEDY, streamed=True)
-            too_long = Request(id="long", prompt="fox " * 5000)  # > max_model_len tokens
+            too_long = Request(
+                id="long", prompt="fox " * 5000, max_new_tokens=LENGTH
+            )  # > max_model_len tokens
             try:
                 await _stream_all(engine, [too_long])
                 too_long_error = None
@@ -106,7 +112,14 @@ def baseline(pair: tuple[str, str]) -> dict[str, Any]:
                 too_long_error = e
             after_error = await _stream_all(engine, _requests(1))
             chat = await _stream_all(
-                engine, [Request(id="c", messages=({"role": "user", "content": "fox"},))]
+                engine,
+                [
+                    Request(
+                        id="c",
+                        messages=({"role": "user", "content": "fox"},),
+                        max_new_tokens=LENGTH,
+                    )
+                ],
             )
             return {
                 "ref": ref,
@@ -162,30 +175,31 @@ async def _late_join(engine: VLLMEngine) -> list[str]:
     """Start a long request, add a short one after its first chunk; return the chunk order."""
     order: list[str] = []
     first_chunk = asyncio.Event()
-    long_params = GenParams(max_new_tokens=48, ignore_eos=True)
 
     async def run(r: Request, p: GenParams) -> None:
         async for _ in engine.stream(r, p):
             order.append(r.id)
             first_chunk.set()
 
-    long_task = asyncio.create_task(run(Request(id="long", prompt=PROMPTS[0]), long_params))
+    long_task = asyncio.create_task(
+        run(Request(id="long", prompt=PROMPTS[0], max_new_tokens=48), GREEDY)
+    )
     await first_chunk.wait()
-    await run(Request(id="short", prompt=PROMPTS[1]), GenParams(max_new_tokens=4, ignore_eos=True))
+    await run(Request(id="short", prompt=PROMPTS[1], max_new_tokens=4), GREEDY)
     await long_task
     return order
 
 
 def test_baseline_stream_matches_generate(baseline: dict[str, Any]) -> None:
     ref = baseline["ref"]
-    assert all(len(ids) == GREEDY.max_new_tokens for ids in ref)
+    assert all(len(ids) == LENGTH for ids in ref)
     assert [s["ids"][0] for s in baseline["single"]] == ref[:2]
     assert baseline["conc"]["ids"] == ref
 
 
 def test_concurrent_streams_interleave(baseline: dict[str, Any]) -> None:
     conc = baseline["conc"]
-    assert [len(ids) for ids in conc["ids"]] == [GREEDY.max_new_tokens] * len(PROMPTS)
+    assert [len(ids) for ids in conc["ids"]] == [LENGTH] * len(PROMPTS)
     order = conc["order"]
     firsts = [order.index(r.id) for r in _requests()]
     lasts = [len(order) - 1 - order[::-1].index(r.id) for r in _requests()]
@@ -207,12 +221,12 @@ def test_stamped_outputs_are_delivered_in_batches(baseline: dict[str, Any]) -> N
         stamps = [t for c in cs for t in (c.times or (c.t,))]
         assert None not in stamps and stamps == sorted(stamps)
         assert s["t0"] < stamps[0] and stamps[-1] < s["t1"]
-        assert len(set(stamps)) == len(stamps) == GREEDY.max_new_tokens  # one step, one stamp
+        assert len(set(stamps)) == len(stamps) == LENGTH  # one step, one stamp
         assert all(sum(c.sizes or (c.size,)) == c.size for c in cs)
         assert len(cs) <= 3  # the first step; the rest, handed over when a request ended
     # 24 steps, 4 requests: the first step's outputs, then the rest when requests end
     assert 1 < len(s["deliveries"]) <= 1 + len(PROMPTS)
-    assert sum(s["deliveries"]) == len(PROMPTS) * GREEDY.max_new_tokens
+    assert sum(s["deliveries"]) == len(PROMPTS) * LENGTH
     # the raw streamed path (bench/overhead.py) steps the same requests with DELTA outputs
     assert baseline["raw_streamed"] == baseline["ref"]
 
@@ -226,7 +240,7 @@ def test_chunk_metadata(baseline: dict[str, Any]) -> None:
     assert chunks[0].info == {"chat_template": False}
     chat = baseline["chat"]["chunks"]["c"]
     assert chat[0].info == {"chat_template": True}
-    assert sum(c.size for c in chat) == GREEDY.max_new_tokens
+    assert sum(c.size for c in chat) == LENGTH
 
 
 def test_bad_request_fails_alone(baseline: dict[str, Any]) -> None:

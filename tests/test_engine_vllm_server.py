@@ -30,7 +30,7 @@ PROMPTS = [
     "one two three one two three one two",
 ]
 N = 16
-PARAMS = GenParams(max_new_tokens=N, ignore_eos=True)
+PARAMS = GenParams(ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def servers(managed_servers: ServerPool) -> dict[str, Any]:
 
 
 async def _collect(engine: VLLMServerEngine, req: Request) -> list[Chunk]:
-    return [c async for c in engine.stream(req, PARAMS)]
+    return [c async for c in engine.stream(replace(req, max_new_tokens=N), PARAMS)]
 
 
 async def _all(engine: VLLMServerEngine, reqs: list[Request]) -> list[list[Chunk]]:

@@ -313,7 +313,7 @@ def test_target_ci_adds_blocks_only_for_the_imprecise_point() -> None:
     class Offset(Instance):
         async def stream(self, request: Request, params: GenParams, clock: Any = None) -> Any:
             offset = self.offset
-            if params.max_new_tokens == 8:
+            if request.max_new_tokens == 8:
                 self.offset = 1.0
             try:
                 async for c in super().stream(request, params, clock):
@@ -424,7 +424,8 @@ def test_warmup_tokens_caps_the_warmup_requests_only() -> None:
 
     reqs = [Request("a", "x y"), Request("b", "y z", max_new_tokens=4)]
     assert [w.max_new_tokens for w in warmup_requests(reqs, 2)] == [None, 4]  # as before
-    assert [w.max_new_tokens for w in warmup_requests(reqs, 2, 8, 40)] == [8, 4]
+    resolved = [dataclasses.replace(reqs[0], max_new_tokens=40), reqs[1]]
+    assert [w.max_new_tokens for w in warmup_requests(resolved, 2, 8)] == [8, 4]
     plan = build_plan(build_parser().parse_args(["--engine", "hf", "--warmup-tokens", "8"]),
                       "m", None)  # fmt: skip
     assert plan.warmup_tokens == 8 and plan.to_json()["warmup_tokens"] == 8
@@ -434,7 +435,8 @@ def test_warmup_tokens_caps_the_warmup_requests_only() -> None:
     _, seen = _requests_seen(plan)
     warm = [r for r in seen if r.id.startswith("warmup-")]
     assert warm and {r.max_new_tokens for r in warm} == {3}
-    assert {r.max_new_tokens for r in seen if not r.id.startswith("warmup-")} == {None}
+    measured = {r.max_new_tokens for r in seen if not r.id.startswith("warmup-")}
+    assert measured == {plan.max_new_tokens[0]}  # the point's: no --warmup-tokens cap
 
 
 @pytest.mark.parametrize("instances", [PER_BLOCK, ONE])

@@ -22,8 +22,8 @@ from tests.fake_server import Behaviour, FakeServer, render_metrics
 from tests.test_faults import ServerThread, workload
 from workloads.base import Request
 
-PROMPT = Request(id="r0", prompt="one two three")
-PARAMS = GenParams(max_new_tokens=4, ignore_eos=True)
+PROMPT = Request(id="r0", prompt="one two three", max_new_tokens=4)
+PARAMS = GenParams(ignore_eos=True)
 URL = "http://127.0.0.1:9/v1"
 SENT: list[Chunk] = []  # the chunks of the last request _start sent
 

@@ -1,4 +1,4 @@
-"""The main job: flags -> validated plan (``harness.cli.plan_flags``, ``harness.cli.preflight``) ->
+"""The main job: flags -> validated plan (``harness.cli.pipeline``, ``harness.cli.preflight``) ->
 session -> results (``harness.cli.finalize``); Ctrl-C and failures still write what finished."""
 
 from __future__ import annotations
@@ -6,31 +6,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import signal
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engines.base import EngineConfig, EngineError, engine_class
+from engines.base import EngineConfig, EngineError
 from harness.cli.finalize import finalize
 from harness.cli.options import UsageError
-from harness.cli.plan_flags import (
-    build_plan,
-    load_dataset,
-    model_names,
-    needs_local_models,
-    resolve_dataset,
-    resolve_models,
-)
+from harness.cli.pipeline import prepare, with_log
 from harness.cli.preflight import (
     check_endpoint,
     check_models,
     check_resume,
     check_servers,
     engine_methods,
-    output_dir,
     validate_configs,
     variant_servers,
 )
@@ -48,20 +38,9 @@ def run_main(args: argparse.Namespace) -> int:
     """Flags -> one validated, frozen plan (every setting; nothing below reads ``args``) -> run."""
     from workloads import WorkloadError
 
-    if args.quiet:  # before any engine imports vLLM: its INFO lines are progress, not results
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-
     try:
-        resolve_dataset(args)
-        if not args.dataset.synthetic:  # a bad file is reported before anything loads
-            workload = load_dataset(args, args.model)
-        plan = build_plan(args, *model_names(args))  # every flag checked before models load
-        out = output_dir(args)
-        if needs_local_models(plan, args.dataset.synthetic, args.model_named):
-            plan = resolve_models(plan)
-        if args.dataset.synthetic:  # made with the target's tokenizer
-            workload = load_dataset(args, plan.model)
-        plan = replace(plan, workload_fingerprint=workload.fingerprint)
+        prepared = prepare(args)
+        plan, workload, out = prepared.plan, prepared.workload, prepared.out
         check_resume(plan, out)
         configs = variant_servers(plan.engine_configs(engine_methods(plan)))
         check_models(plan)
@@ -79,15 +58,7 @@ async def _execute(
     from harness.run.session import Session
 
     out.mkdir(parents=True, exist_ok=True)
-    configs = [  # a managed server's log is saved beside the results
-        (
-            label,
-            replace(c, options={**c.options, "log_path": str(out / f"{c.engine}-{label}.log")}),
-        )
-        if engine_class(c.engine).capabilities.managed
-        else (label, c)
-        for label, c in configs
-    ]
+    configs = [(label, with_log(label, c, out)) for label, c in configs]
     previous, done = runs_from_journal(out / "journal.jsonl") if plan.resume else ([], set())
     journal = Journal(out / "journal.jsonl")
     if not plan.resume:  # what --resume compares with (harness.cli.preflight.check_resume)

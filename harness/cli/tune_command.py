@@ -23,7 +23,6 @@ from typing import Any
 from engines.base import REGISTRY, EngineConfig, EngineError, engine_class
 from harness.cli.flags import build_parser
 from harness.cli.options import UsageError, positive_int
-from harness.core.design import INTERLEAVED, Slot
 from harness.core.load import Concurrent
 from harness.core.results import Run
 from harness.run.plan import PlanError, Point, RunPlan
@@ -90,9 +89,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str]) -> int:
-    from harness.cli.plan_flags import build_plan, model_names, resolve_models
-    from harness.cli.preflight import engine_methods, output_dir
-    from workloads import WorkloadError, load_workload
+    from harness.cli.pipeline import prepare
+    from harness.cli.preflight import engine_methods
+    from workloads import WorkloadError
 
     args = parser().parse_args(list(argv))
     args.mode, args.quiet = "throughput", args.quiet
@@ -105,14 +104,9 @@ def main(argv: Sequence[str]) -> int:
             raise UsageError("tune: loads are concurrencies (--concurrency), not --request-rate")
         if not args.budget_min > 0:
             raise UsageError(f"tune: --budget-min: expected minutes > 0, got {args.budget_min}")
-        workload = load_workload(
-            args.workload, fmt=args.workload_format, num_prompts=args.num_prompts,
-            seed=args.seed, turn=args.turn,
-        )  # fmt: skip
         args.spec = args.spec or "all"
-        plan = build_plan(args, *model_names(args))  # every flag checked before models load
-        out = output_dir(args)
-        plan = resolve_models(plan)
+        prepared = prepare(args)  # the run pipeline's front: the dataset once, the plan, models
+        plan, workload, out = prepared.plan, prepared.workload, prepared.out
         methods = [m for m in plan.spec_methods if m in engine_methods(plan)[engines[0]]]
         if not methods:
             raise UsageError(f"tune: no speculative method applies to {engines[0]}")
@@ -155,7 +149,6 @@ class Bench:
 
         self.plan, self.out, self.requests = plan, out, list(requests)
         self.session = Session(plan, requests, journal=None, progress=not quiet)
-        self.session._t0 = self.session.clock()
         self.share = share  # engines alive at once, at most (a GPU's memory is split by it)
         self.lanes: dict[Arm, Any] = {}
         self.configs: dict[Arm, dict[str, Any] | None] = {BASELINE: None}
@@ -168,18 +161,16 @@ class Bench:
         self.configs[arm] = None if spec is None else dict(spec)
 
     async def _lane(self, arm: Arm) -> Any:
-        from harness.run.session import Lane
+        from harness.cli.pipeline import with_log
+        from harness.run.lanes import Lane
 
         if arm not in self.lanes:
             if arm not in self.configs:
                 self.add(arm, _spec_config(self.plan, str(arm.method), arm.k))
-            config = _engine_config(self.plan, self.configs[arm])
-            if engine_class(config.engine).capabilities.managed:  # its log beside the results
-                log = self.out / f"{config.engine}-{arm.label}.log"
-                config = replace(config, options={**config.options, "log_path": str(log)})
+            config = with_log(arm.label, _engine_config(self.plan, self.configs[arm]), self.out)
             lane = Lane(arm.label, config).with_share(self.share)
             before, t = len(self.session.runs), time.monotonic()
-            await self.session._start(lane)
+            await self.session.start_lane(lane)
             if self.budget is not None:
                 self.budget.engine_started(arm, time.monotonic() - t)
             if lane.engine is None:  # said even with --quiet: the tables will show n/a
@@ -193,10 +184,7 @@ class Bench:
         out: dict[Arm, Sample] = {}
         point = Point("throughput", Concurrent(load), self.plan.max_new_tokens[0])
         phase = self.phase
-        reqs = round_requests(self.requests, load, rnd)
-        if not self.plan.lengths_from_workload:  # an explicit --max-new-tokens wins
-            reqs = [replace(r, max_new_tokens=None) for r in reqs]
-        self.session.requests = reqs
+        self.session.requests = round_requests(self.requests, load, rnd)  # lengths: run_cell
         for position, arm in enumerate(arms):
             lane = await self._lane(arm)
             if lane.engine is None:
@@ -204,11 +192,11 @@ class Bench:
             cell = self.plan.cell(lane.config.engine, arm.label, point, max(rnd, 0))
             first = arm not in self.warm
             self.warm.add(arm)
-            # the round is the block (pairing unit); point = the load's place in the sweep
-            slot = Slot(INTERLEAVED, load, max(rnd, 0), position, self.session._seq)
-            self.session._seq += 1
             t = time.monotonic()
-            run = await self.session._run_point(lane, cell, point, first, slot)
+            # the round is the block (pairing unit); index = the load
+            run = await self.session.run_cell(
+                lane, cell, point, warmup=first, block=max(rnd, 0), index=load, position=position
+            )
             wall = time.monotonic() - t
             self.runs[phase].append(run)
             sample = _sample(run)

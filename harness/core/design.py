@@ -93,12 +93,10 @@ def design_of(slots: Iterable[Slot | None]) -> str:
     return names.pop() if len(names) == 1 else "mixed"
 
 
-def warmup_requests(
-    requests: Sequence[Request], n: int, cap: int | None = None, default: int = 0
-) -> list[Request]:
-    """``n`` warm-up requests shaped like the workload's first ones but never measured; with
-    ``cap`` (--warmup-tokens) each asks for at most ``cap`` new tokens (``default``: the point's
-    length, for requests without their own).
+def warmup_requests(requests: Sequence[Request], n: int, cap: int | None = None) -> list[Request]:
+    """``n`` warm-up requests shaped like the workload's first ones (their lengths resolved:
+    ``harness.run.plan.resolve_lengths``) but never measured; with ``cap`` (--warmup-tokens)
+    each asks for at most ``cap`` new tokens.
 
     Each is a measured prompt with its words reversed behind a ``warm-up k:`` marker: similar
     length and vocabulary (the same kernels and batch shapes warm up), a different first token
@@ -119,8 +117,8 @@ def warmup_requests(
                 ),
                 prompt_token_ids=None,  # a synthetic prompt's ids: the scrambled text replaces them
                 max_new_tokens=src.max_new_tokens
-                if cap is None
-                else min(cap, src.max_new_tokens or default),
+                if cap is None or src.max_new_tokens is None
+                else min(cap, src.max_new_tokens),
             )
         )
     return out

@@ -4,7 +4,7 @@ built from validated options before any model loads."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engines.base import SPEC_METHODS, EngineConfig, EngineError, Request, speculative_config
@@ -168,9 +168,10 @@ class RunPlan:
                     yield Point(mode, strategy, n)
 
     def point_requests(self, point: Point, requests: Sequence[Request]) -> Sequence[Request]:
-        """The requests one point sends: the workload, cycled with fresh ids (seeded) to
-        ``STEADY_WAVES`` x its concurrency in throughput mode, or without end under ``duration``
-        (the runner stops sending at ``duration``)."""
+        """The requests one point sends, each with its length (:func:`resolve_lengths`): the
+        workload, cycled with fresh ids (seeded) to ``STEADY_WAVES`` x its concurrency in
+        throughput mode, or without end under ``duration`` (the runner stops sending then)."""
+        requests = resolve_lengths(requests, point.max_new_tokens, self.lengths_from_workload)
         cap = point.strategy.max_concurrency
         if point.mode != "throughput" or not requests:
             return requests
@@ -249,6 +250,20 @@ def lookup(config: Mapping[str, Any], key: str) -> Any:
         _, engine, opt = key.split(".", 2)
         return (config.get("options") or {}).get(engine, {}).get(opt)
     return config.get(key)
+
+
+def resolve_lengths(requests: Sequence[Request], length: int, own_first: bool) -> list[Request]:
+    """Every request with the one length it is generated to (``Request.max_new_tokens``, the
+    only length an engine reads: ``engines.base.new_tokens``), decided here and nowhere else.
+    ``length`` is the point's: ``--max-new-tokens`` when given, else the dataset's output length
+    (``--random-output-len``, ``--prefix-repetition-output-len``), else the default
+    (``harness.cli.plan_flags.DEFAULT_MAX_NEW_TOKENS``). ``own_first`` (no --max-new-tokens): a
+    request's own length (a request file's ``max_new_tokens``, a synthetic request's sampled
+    output length) wins over ``length``; else the flag wins over every request's own."""
+    return [
+        r if own_first and r.max_new_tokens is not None else replace(r, max_new_tokens=length)
+        for r in requests
+    ]
 
 
 def _label(cfg: Mapping[str, Any], multi_k: bool) -> str:

@@ -39,7 +39,7 @@ from harness.run.lanes import (
     unsupported_method,
 )
 from harness.run.load_sampler import LoadSampler
-from harness.run.plan import Point, RunPlan
+from harness.run.plan import Point, RunPlan, resolve_lengths
 from harness.run.runner import Runner, error_line
 
 
@@ -64,8 +64,7 @@ class Session:
     _blocks: int = 0  # blocks (one repeat of every lane) so far: the rotation
 
     def __post_init__(self) -> None:
-        if not self.plan.lengths_from_workload:  # an explicit --max-new-tokens wins
-            self.requests = [replace(r, max_new_tokens=None) for r in self.requests]
+        self._t0 = self.clock()  # the schedule's times count from here (execute() restarts it)
 
     async def execute(self, configs: Sequence[tuple[str, EngineConfig]]) -> list[Run]:
         """Run every configuration. When every engine can live in one process (``coexist``),
@@ -85,6 +84,24 @@ class Session:
                     break
                 await self._run_lanes([lane])
         return self.runs
+
+    # ---- for a caller that drives lanes itself (harness tune), instead of execute() ----------
+    async def start_lane(self, lane: Lane) -> None:
+        """Start ``lane``'s engine; if it cannot start, the reason is recorded (as each cell's
+        status) in :attr:`runs` and ``lane.engine`` stays None."""
+        await self._start(lane)
+
+    async def run_cell(
+        self, lane: Lane, cell: Cell, point: Point, *, warmup: bool, block: int, index: int,
+        position: int,
+    ) -> Run:  # fmt: skip
+        """One run of a started lane, as execute() runs one: ``point``'s requests (the current
+        :attr:`requests`, lengths resolved), numbered next in the session's schedule at
+        (``index``: the point's place, ``block``, ``position`` in the block); ``warmup``: the
+        lane's first run, preceded by --warmup requests."""
+        slot = Slot(self.design, index, block, position, self._seq)
+        self._seq += 1
+        return await self._run_point(lane, cell, point, warmup, slot)
 
     def design_record(self, labels: Sequence[str]) -> dict[str, Any]:
         caps = {k: warmup_cap(self.plan.warmup_tokens, v) for k, v in self.instances.items()}
@@ -297,8 +314,7 @@ class Session:
     async def _run_point(self, lane: Lane, cell: Cell, p: Point, warmup: bool, slot: Slot) -> Run:
         engine, config, info = lane.engine, lane.config, lane.info
         assert engine is not None
-        params = GenParams(
-            max_new_tokens=p.max_new_tokens,
+        params = GenParams(  # no length: each request carries its own (RunPlan.point_requests)
             temperature=self.plan.temperature,
             ignore_eos=self.plan.ignore_eos,
             seed=self.plan.seed,
@@ -337,8 +353,10 @@ class Session:
         try:
             if warmup and self.plan.warmup:  # unmeasured prompts: they warm no measured prompt
                 cap = warmup_cap(self.plan.warmup_tokens, self.instances.get(lane.name, ONE))
-                length = params.max_new_tokens
-                warm = warmup_requests(self.requests, self.plan.warmup, cap, length)
+                own = resolve_lengths(
+                    self.requests, p.max_new_tokens, self.plan.lengths_from_workload
+                )
+                warm = warmup_requests(own, self.plan.warmup, cap)
                 await runner.run(warm, params, p.strategy, warmup=True)
             slot = replace(slot, cache=await reset_cache(engine, self.plan.prefix_cache))
             slot = replace(slot, t_start_s=self.clock() - self._t0)
