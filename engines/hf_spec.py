@@ -78,19 +78,19 @@ def instrument(generator: Any, counter: AcceptanceCounter) -> Any:
 
 def patch_candidate_generator(model: Any, counter: AcceptanceCounter) -> None:
     """Make every candidate generator ``model.generate`` builds count into ``counter``."""
-    original = model._get_candidate_generator
+    original = model._get_candidate_generator  # noqa: SLF001 - transformers has no public hook into assisted generation's drafts
 
     def counting_factory(*args: Any, **kwargs: Any) -> Any:
         return instrument(original(*args, **kwargs), counter)
 
-    model._get_candidate_generator = counting_factory
+    model._get_candidate_generator = counting_factory  # noqa: SLF001 - transformers has no public hook into assisted generation's drafts
 
 
 def hf_default_assistant_settings() -> dict[str, Any]:
     """transformers' own assisted-generation defaults (20 tokens, constant, threshold 0.4)."""
     from transformers import GenerationConfig
 
-    d = GenerationConfig._get_default_generation_params()
+    d = GenerationConfig._get_default_generation_params()  # noqa: SLF001 - transformers' own assisted defaults have no public accessor
     return {
         "num_assistant_tokens": d["num_assistant_tokens"],
         "num_assistant_tokens_schedule": d["num_assistant_tokens_schedule"],

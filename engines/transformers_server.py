@@ -50,9 +50,9 @@ class TransformersServerEngine(VLLMServerEngine):
         """The harness's environment (none of vLLM's shims), without the PyPI version query."""
         return {**os.environ, "HF_HUB_DISABLE_UPDATE_CHECK": "1"}
 
-    @staticmethod
-    def _inner_config(config: EngineConfig, base_url: str) -> EngineConfig:
-        inner = VLLMServerEngine._inner_config(config, base_url)
+    @classmethod
+    def _inner_config(cls, config: EngineConfig, base_url: str) -> EngineConfig:
+        inner = super()._inner_config(config, base_url)
         # the server answers whatever name is asked (it serves the forced model), and its
         # /v1/models lists the cache, not that model: request it by the name it was given
         opts = {**inner.options, "served_model": config.model, "vllm_extras": False}

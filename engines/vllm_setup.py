@@ -135,7 +135,7 @@ def build_llm(cfg: EngineConfig) -> tuple[Any, dict[str, Any], dict[str, Any], d
         if "stepping_torch_threads" in defaults:
             import torch
 
-            defaults["build_torch_threads"] = torch._C.get_num_threads()
+            defaults["build_torch_threads"] = torch._C.get_num_threads()  # noqa: SLF001 - torch._C: the original set/get_num_threads (vLLM's CPU worker no-ops torch's)
         llm = LLM(**kwargs)
         one_thread_stepping(defaults)
     mc = llm.llm_engine.model_config
@@ -187,7 +187,7 @@ def one_thread_stepping(defaults: dict[str, Any]) -> None:
     if not current_platform.is_cpu() or "OMP_NUM_THREADS" in os.environ:
         return
     # vLLM's CPU worker replaces torch.set_num_threads with a no-op; torch._C's is the original
-    torch._C.set_num_threads(1)
+    torch._C.set_num_threads(1)  # noqa: SLF001 - torch._C: the original set/get_num_threads (vLLM's CPU worker no-ops torch's)
     defaults["stepping_torch_threads"] = 1
 
 
@@ -198,12 +198,12 @@ def torch_threads_kept() -> Iterator[None]:
     generate) take; it is reset from the calling thread, whose count it already was."""
     import torch
 
-    n = torch._C.get_num_threads()
+    n = torch._C.get_num_threads()  # noqa: SLF001 - torch._C: the original set/get_num_threads (vLLM's CPU worker no-ops torch's)
     try:
         yield
     finally:
-        if torch._C.get_num_threads() != n:
-            torch._C.set_num_threads(n)
+        if torch._C.get_num_threads() != n:  # noqa: SLF001 - torch._C: the original set/get_num_threads (vLLM's CPU worker no-ops torch's)
+            torch._C.set_num_threads(n)  # noqa: SLF001 - torch._C: the original set/get_num_threads (vLLM's CPU worker no-ops torch's)
 
 
 @functools.cache

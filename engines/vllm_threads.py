@@ -39,7 +39,7 @@ class StepThreads:
         engines/vllm_setup.py chose, ``stepping_torch_threads`` among them)."""
         import torch
 
-        get, set_ = torch._C.get_num_threads, torch._C.set_num_threads
+        get, set_ = torch._C.get_num_threads, torch._C.set_num_threads  # noqa: SLF001 - torch._C: the original set/get_num_threads (vLLM's CPU worker no-ops torch's)
         want = defaults.get("stepping_torch_threads") or omp_threads_asked() or get()
         return cls(want, get, set_)
 

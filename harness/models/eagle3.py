@@ -259,7 +259,7 @@ def save(
         sd[key] = p.detach().to(torch.float16).contiguous()
     sd["d2t"] = (vocab - torch.arange(len(vocab))).to(torch.long)
     save_file(dict(sorted(sd.items())), str(out / "eagle3.safetensors"))
-    sm._write_json(out / "eagle3_config.json", cfg or head_config_from(head, len(vocab)))
+    sm.write_json(out / "eagle3_config.json", cfg or head_config_from(head, len(vocab)))
 
 
 def head_config_from(head: Eagle3Head, vocab_size: int) -> dict[str, Any]:

@@ -74,7 +74,8 @@ def fetch_wheel(cache: Path = CACHE_DIR) -> Path:
     return wheel
 
 
-def _write_json(path: Path, obj: Any) -> None:
+def write_json(path: Path, obj: Any) -> None:
+    """A model directory's JSON file (config, tokenizer config, build record), stable bytes."""
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
@@ -124,8 +125,8 @@ def assemble_target(out: Path, wheel: Path) -> None:
     cfg.pop("_name_or_path", None)  # the temp dir it was read from: not deterministic
     cfg.update(architectures=["LlamaForCausalLM"], torch_dtype="float32")
     cfg.pop("dtype", None)
-    _write_json(out / "config.json", cfg)
-    _write_json(
+    write_json(out / "config.json", cfg)
+    write_json(
         out / "generation_config.json",
         {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2, "do_sample": False},
     )
@@ -133,7 +134,7 @@ def assemble_target(out: Path, wheel: Path) -> None:
     tc = json.loads((out / "tokenizer_config.json").read_text())
     for key in ("is_local", "local_files_only"):  # where it was loaded from, not what it is
         tc.pop(key, None)
-    _write_json(out / "tokenizer_config.json", tc)
+    write_json(out / "tokenizer_config.json", tc)
     (out / "special_tokens_map.json").unlink(missing_ok=True)
 
 
@@ -170,7 +171,7 @@ def assemble_draft(out: Path, target: Path, trained: Path = TRAINED_DIR) -> None
     cfg["num_hidden_layers"] = len(DRAFT_LAYERS)
     out.mkdir(parents=True, exist_ok=True)
     _save(sd, out / "model.safetensors")
-    _write_json(out / "config.json", cfg)
+    write_json(out / "config.json", cfg)
     shutil.copyfile(target / "generation_config.json", out / "generation_config.json")
     _copy_tokenizer(target, out)
     (out / STAMP).write_text(trained_digest("draft", trained) + "\n")
@@ -192,7 +193,7 @@ def assemble_eagle3(out: Path, target: Path, trained: Path = TRAINED_DIR) -> Non
     if "lm_head.weight" not in sd:
         sd["lm_head.weight"] = emb[ids].clone()
     _save(sd, out / "model.safetensors")
-    _write_json(out / "config.json", cfg)
+    write_json(out / "config.json", cfg)
     _copy_tokenizer(target, out)
     (out / STAMP).write_text(trained_digest("eagle3", trained) + "\n")
 

@@ -147,7 +147,7 @@ def save_draft(draft: Any, out: Path) -> None:
     cfg.pop("_name_or_path", None)
     cfg.pop("dtype", None)
     cfg.update(architectures=["LlamaForCausalLM"], torch_dtype="float32")
-    sm._write_json(out / "draft_config.json", cfg)
+    sm.write_json(out / "draft_config.json", cfg)
 
 
 def train_all(
@@ -211,5 +211,5 @@ def train_all(
         "total_cpu_seconds": round(time.process_time() - cpu_all),
         "torch_threads": THREADS,
     }
-    sm._write_json(out / "BUILD.json", info)
+    sm.write_json(out / "BUILD.json", info)
     return info
