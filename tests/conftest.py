@@ -34,12 +34,6 @@ def tiny_pair() -> tuple[str, str]:
 
 
 @pytest.fixture(scope="session")
-def embedded_pair(tiny_pair: tuple[str, str]) -> tuple[str, str]:
-    """The tiny pair under its former name (tests written before SmolLM2 became the default)."""
-    return tiny_pair
-
-
-@pytest.fixture(scope="session")
 def smollm2() -> dict[str, str]:
     """{"target", "draft", "eagle3"} directories of the SmolLM2 family (assembled if missing)."""
     from harness.models import registry as models

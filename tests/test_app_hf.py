@@ -1,4 +1,4 @@
-"""The whole harness, end to end, on the real HF engine and the embedded pair (subprocesses)."""
+"""The whole harness, end to end, on the real HF engine and the tiny pair (subprocesses)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def harness(*args: str, **kw) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def hf_run(tmp_path_factory, embedded_pair):
+def hf_run(tmp_path_factory, tiny_pair):
     out = tmp_path_factory.mktemp("hf")
     proc = harness(
         "--engine",
@@ -152,7 +152,7 @@ def test_compare_two_files_and_refuse_different_prompts(hf_run, tmp_path):
     assert forced.returncode == 0
 
 
-def test_sigint_keeps_finished_records_and_resume_finishes(tmp_path, embedded_pair):
+def test_sigint_keeps_finished_records_and_resume_finishes(tmp_path, tiny_pair):
     out = tmp_path / "cut"
     args = [
         *TINY,

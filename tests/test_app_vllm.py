@@ -30,7 +30,7 @@ def harness(capsys: pytest.CaptureFixture[str]) -> Callable[..., Ran]:
     return run
 
 
-def test_vllm_spec_both_modes(tmp_path, embedded_pair, harness):
+def test_vllm_spec_both_modes(tmp_path, tiny_pair, harness):
     out = tmp_path / "vllm"
     proc = harness(
         "--engine",
@@ -79,7 +79,7 @@ def test_vllm_spec_both_modes(tmp_path, embedded_pair, harness):
     assert "vllm/ngram" in summary and "alpha" in summary and "## throughput" in summary
 
 
-def test_unknown_spec_method_and_spec_config(tmp_path, embedded_pair, harness):
+def test_unknown_spec_method_and_spec_config(tmp_path, tiny_pair, harness):
     bad = harness("--engine", "vllm", "--spec", "nope", "--output-dir", str(tmp_path / "x"))
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "nope" in bad.stderr
     out = tmp_path / "cfg"
@@ -109,7 +109,7 @@ def test_unknown_spec_method_and_spec_config(tmp_path, embedded_pair, harness):
     assert run["spec_metrics"]["num_drafts"] > 0
 
 
-def test_managed_vllm_server_spec_end_to_end(tmp_path, embedded_pair, harness):
+def test_managed_vllm_server_spec_end_to_end(tmp_path, tiny_pair, harness):
     out = tmp_path / "srv"
     proc = harness(
         "--engine",
@@ -146,6 +146,6 @@ def test_managed_vllm_server_spec_end_to_end(tmp_path, embedded_pair, harness):
         p
         for p in psutil.process_iter(["cmdline"])
         if "vllm.entrypoints.cli.main" in " ".join(p.info["cmdline"] or [])
-        and f" serve {embedded_pair[0]} " in " ".join(p.info["cmdline"] or [])
+        and f" serve {tiny_pair[0]} " in " ".join(p.info["cmdline"] or [])
     ]  # this checkout's model only: other checkouts on the machine may serve theirs
     assert not leftovers

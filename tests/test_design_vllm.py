@@ -1,4 +1,4 @@
-"""The design on real in-process vLLM engines (embedded pair): three engines alive in one
+"""The design on real in-process vLLM engines (tiny pair): three engines alive in one
 process run interleaved, each with its own counters, and no measured run hits the prefix cache."""
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ def _plan(**kw: Any) -> RunPlan:
 
 
 @pytest.fixture(scope="module")
-def session(embedded_pair: tuple[str, str]) -> Session:
-    target, draft = embedded_pair
+def session(tiny_pair: tuple[str, str]) -> Session:
+    target, draft = tiny_pair
     drafted = {"method": "draft_model", "num_speculative_tokens": 3, "model": draft}
     configs = [
         (label, EngineConfig(engine="vllm", model=target, spec_config=spec))
@@ -101,12 +101,12 @@ def test_no_measured_run_hits_the_prefix_cache(session: Session) -> None:
         assert cache["queries"] > 0 and cache["hits"] == 0, (run.cell.key, cache)
 
 
-def test_prefix_cache_counters_see_hits_until_reset(embedded_pair: tuple[str, str]) -> None:
+def test_prefix_cache_counters_see_hits_until_reset(tiny_pair: tuple[str, str]) -> None:
     """The counter the session test relies on can fail: a repeat hits, a reset clears."""
     from engines.vllm import VLLMEngine
 
     async def go() -> list[dict[str, int]]:
-        engine = VLLMEngine(EngineConfig(engine="vllm", model=embedded_pair[0]))
+        engine = VLLMEngine(EngineConfig(engine="vllm", model=tiny_pair[0]))
         await engine.start()
         try:
             seen = []
@@ -126,7 +126,7 @@ def test_prefix_cache_counters_see_hits_until_reset(embedded_pair: tuple[str, st
     assert first["hits"] == 0 and repeat["hits"] >= 128 and after_reset["hits"] == 0
 
 
-def test_a_closed_engine_leaves_no_tokenizer_behind(embedded_pair: tuple[str, str]) -> None:
+def test_a_closed_engine_leaves_no_tokenizer_behind(tiny_pair: tuple[str, str]) -> None:
     """vLLM's renderer pool deep-copies the tokenizer and those copies outlive the engine (two
     per engine, engines/vllm_setup.py: tokenizer_unpooled): built and closed three times, the
     process holds no more tokenizers after the third engine than after the second."""
@@ -139,7 +139,7 @@ def test_a_closed_engine_leaves_no_tokenizer_behind(embedded_pair: tuple[str, st
         return sum(type(o).__module__ == "tokenizers" for o in gc.get_objects())
 
     async def cycle() -> dict[str, Any]:
-        engine = VLLMEngine(EngineConfig(engine="vllm", model=embedded_pair[0]))
+        engine = VLLMEngine(EngineConfig(engine="vllm", model=tiny_pair[0]))
         await engine.start()
         info = dict(engine.describe())
         await engine.close()

@@ -27,8 +27,8 @@ N = 24
 
 
 @pytest.fixture(scope="module")
-def pair(embedded_pair: tuple[str, str]) -> tuple[str, str]:
-    return embedded_pair
+def pair(tiny_pair: tuple[str, str]) -> tuple[str, str]:
+    return tiny_pair
 
 
 def _start(cfg: EngineConfig) -> HFEngine:

@@ -108,9 +108,9 @@ def test_managed_engine_describes_what_ran(server: TransformersServerEngine) -> 
     assert "--no-continuous-batching" in info["argv"] and info["served_model"]
 
 
-def test_argv_and_validation(embedded_pair: tuple[str, str]) -> None:
+def test_argv_and_validation(tiny_pair: tuple[str, str]) -> None:
     cb = TransformersServerCBEngine(
-        EngineConfig(engine="transformers-server-cb", model=embedded_pair[0], device="cpu")
+        EngineConfig(engine="transformers-server-cb", model=tiny_pair[0], device="cpu")
     )
     assert "--continuous-batching" in cb.argv and "--device" in cb.argv
     share = float(cb.argv[cb.argv.index("--cb-max-memory-percent") + 1])

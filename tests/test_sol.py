@@ -5,22 +5,22 @@ import pytest
 from harness.analysis.sol import bound_for, count_params, speed_of_light, weights_device
 
 
-def test_count_params_reads_the_header(embedded_pair):
-    target, draft = embedded_pair
+def test_count_params_reads_the_header(tiny_pair):
+    target, draft = tiny_pair
     assert count_params(target) == 1_066_112  # BUILD.json's figure, tied embeddings counted once
     assert 0 < count_params(draft) < count_params(target)
 
 
-def test_bound(embedded_pair, tmp_path):
+def test_bound(tiny_pair, tmp_path):
     assert speed_of_light(1e6, 4, 8e9) == pytest.approx(2000.0)
-    b = bound_for(embedded_pair[0], "float32", 4.264448e9)
+    b = bound_for(tiny_pair[0], "float32", 4.264448e9)
     assert b["bytes_per_param"] == 4 and b["tok_s"] == pytest.approx(1000.0)
     assert bound_for(str(tmp_path), "float32", 1e9) is None  # no weights: size unknown
     with pytest.raises(ValueError):
         speed_of_light(0, 4, 1e9)
 
 
-def test_a_failed_device_measurement_gives_no_bound_not_a_lost_file(monkeypatch, embedded_pair):
+def test_a_failed_device_measurement_gives_no_bound_not_a_lost_file(monkeypatch, tiny_pair):
     """finalize measures the bound before results.json is written: a full or broken GPU (or a
     journaled CUDA run resumed on a machine without one) must cost the bound, not the file."""
     from types import SimpleNamespace
@@ -36,7 +36,7 @@ def test_a_failed_device_measurement_gives_no_bound_not_a_lost_file(monkeypatch,
 
     monkeypatch.setattr(harness.analysis.sol, "measure_bandwidth", broken)
     cell = Cell("hf", "baseline", "latency", {"concurrency": 1}, 8, 0, "w")
-    plan = SimpleNamespace(model=embedded_pair[0])
+    plan = SimpleNamespace(model=tiny_pair[0])
 
     def bound(info: dict) -> dict | None:
         return _speed_of_light(plan, [Run(cell, None, (), engine_info=info)])  # type: ignore[arg-type]

@@ -22,8 +22,8 @@ from workloads.synthetic import (
 
 
 @pytest.fixture(scope="module")
-def tok(embedded_pair: tuple[str, str]):
-    return load_tokenizer(embedded_pair[0])
+def tok(tiny_pair: tuple[str, str]):
+    return load_tokenizer(tiny_pair[0])
 
 
 def test_random_lengths_within_range_ratio_and_exact_ids(tok) -> None:
@@ -106,7 +106,7 @@ def test_duration_stops_arrivals_and_lets_in_flight_finish() -> None:
     assert 4 <= len(recs) <= 12  # of 1000 asked: ~1 s each, 2 in flight, for 5 s
 
 
-def test_throughput_point_sends_several_waves(embedded_pair) -> None:
+def test_throughput_point_sends_several_waves(tiny_pair) -> None:
     from harness.run.plan import RunPlan
 
     def plan(**kw) -> RunPlan:

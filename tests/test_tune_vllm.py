@@ -13,7 +13,7 @@ from tests.inprocess import run_harness
 pytestmark = pytest.mark.slow
 
 
-def test_emitted_schedule_runs_in_vllm_through_spec_config_file(tmp_path, embedded_pair, capsys):
+def test_emitted_schedule_runs_in_vllm_through_spec_config_file(tmp_path, tiny_pair, capsys):
     picks = [Pick(1, "ngram", 3, 1.5, {"ngram": (3, 1.5)}), Pick(2, None, 0, 1.0, {})]
     cfg, schedule, _ = build_config(picks, {"ngram": {"method": "ngram", **DEFAULT_NGRAM}})
     assert schedule == ((1, 1, 3), (2, 2, 0))  # batch 1 drafts 3, batch 2 and up: off
@@ -43,7 +43,7 @@ def test_emitted_schedule_runs_in_vllm_through_spec_config_file(tmp_path, embedd
     assert tput["summary"]["peak_in_flight"] >= 2
 
 
-def test_tune_end_to_end_writes_config_table_and_verification(tmp_path, embedded_pair, capsys):
+def test_tune_end_to_end_writes_config_table_and_verification(tmp_path, tiny_pair, capsys):
     from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
 
     out = tmp_path / "tune"

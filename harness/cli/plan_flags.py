@@ -320,7 +320,7 @@ def resolve_models(plan: RunPlan) -> RunPlan:
             if fam is not None:
                 models.ensure_family(fam[0], progress=plan.progress)
         model, draft, head = (models.resolve_model(n) if n else None for n in names)
-    except (ValueError, models.EmbeddedModelMissing) as exc:
+    except (ValueError, models.ShippedModelMissing) as exc:
         raise UsageError(str(exc)) from None
     for flag, value in (("--model", model), ("--draft-model", draft)):
         if value and missing_path(value):

@@ -1,6 +1,7 @@
 """Training-loop pieces shared by the draft and the EAGLE-3 head (``harness.models.train``,
 ``harness.models.eagle3``): the thread cap, the seeded train/validation split, the warm-up +
-cosine learning rate, one clipped optimizer step."""
+cosine learning rate (the tiny pair's too: ``harness.models.tiny_pair``), one clipped
+optimizer step."""
 
 from __future__ import annotations
 
@@ -36,8 +37,14 @@ def split(seqs: list[Any], seed: int) -> tuple[list[Any], list[Any]]:
     return [seqs[i] for i in idx[n_val:]], [seqs[i] for i in idx[:n_val]]
 
 
-def lr_at(step: int, steps: int, peak: float) -> float:
-    warm = max(1, steps // 20)
+def lr_at(
+    step: int, steps: int, peak: float, warmup: int | None = None, floor: float = 0.0
+) -> float:
+    """The one warm-up + cosine schedule of every model the harness trains (the tiny pair,
+    SmolLM2's draft and EAGLE-3 head): linear up to ``peak`` over ``warmup`` steps (default:
+    the first 5%), then a cosine down to ``floor`` x ``peak`` at ``steps``."""
+    warm = max(1, steps // 20) if warmup is None else warmup
     if step < warm:
         return peak * (step + 1) / warm
-    return peak * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
+    t = (step - warm) / max(1, steps - warm)
+    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t)))

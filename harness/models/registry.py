@@ -32,7 +32,7 @@ DEFAULT_FAMILY = "smollm2"
 FAMILY_ALIASES = {"embedded": "smollm2", "smollm2": "smollm2", "tiny": "tiny"}
 
 
-class EmbeddedModelMissing(FileNotFoundError):
+class ShippedModelMissing(FileNotFoundError):
     """A shipped model is not built or assembled (run ``python -m harness models build``)."""
 
 
@@ -46,7 +46,7 @@ def tiny_path(which: str = "target", root: Path | None = None) -> Path:
         raise ValueError(f"tiny model must be one of {TINY_KINDS}, not {which!r}")
     d = (root or TINY_DIR) / which
     if not _complete(d):
-        raise EmbeddedModelMissing(
+        raise ShippedModelMissing(
             f"tiny {which} model missing or incomplete at {d}; "
             "build it with: python -m harness models build --family tiny"
         )
@@ -136,7 +136,7 @@ def model_path(family: str, kind: str) -> Path:
     try:
         return smollm.family_path(kind)
     except smollm.FamilyMissing as exc:
-        raise EmbeddedModelMissing(str(exc)) from None
+        raise ShippedModelMissing(str(exc)) from None
 
 
 def resolve_model(name: str) -> str:
@@ -205,7 +205,7 @@ def main(argv: list[str]) -> int:
     if args.cmd == "path":
         try:
             print(model_path(args.family, args.which))
-        except (EmbeddedModelMissing, ValueError) as e:
+        except (ShippedModelMissing, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         return 0

@@ -1,5 +1,6 @@
-"""Builds the embedded model pair: a byte-level BPE tokenizer, a small Llama target trained on
-the Python standard library's sources, and a 2-layer draft distilled from it.
+"""Builds the tiny model pair (``--model tiny``, the tests' pair): a byte-level BPE tokenizer,
+a small Llama target trained on the Python standard library's sources, and a 2-layer draft
+distilled from it.
 
 Everything is seeded and runs for a fixed number of steps, so a rebuild is reproducible up to
 floating-point nondeterminism. Heavy imports (torch, transformers, tokenizers) stay inside
@@ -17,6 +18,8 @@ import sysconfig
 import time
 from pathlib import Path
 from typing import Any
+
+from harness.models.optim import lr_at
 
 SPECIALS = {"bos": "<|bos|>", "eos": "<|eos|>", "pad": "<|pad|>", "unk": "<|unk|>"}
 CHAT_TEMPLATE = (
@@ -117,13 +120,6 @@ def _encode_stream(tok: Any, texts: list[str]) -> Any:
     return torch.tensor(ids, dtype=torch.long)
 
 
-def _lr(step: int, steps: int, peak: float, warmup: int) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    t = (step - warmup) / max(1, steps - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
-
-
 def _batch(data: Any, gen: Any, batch: int, seq: int) -> Any:
     import torch
 
@@ -153,7 +149,7 @@ def _train(
     bar = tqdm(range(steps), desc=desc, disable=not progress, file=sys.stderr, mininterval=2)
     for step in bar:
         for g in opt.param_groups:
-            g["lr"] = _lr(step, steps, lr, warmup)
+            g["lr"] = lr_at(step, steps, lr, warmup, floor=0.1)
         x = _batch(data, gen, BATCH, SEQ_LEN)
         # fp32: bf16 autocast is ~3x slower on CPUs without native bf16 (AVX2 only here)
         logits = model(input_ids=x).logits.float()
