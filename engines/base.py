@@ -44,9 +44,9 @@ class GenParams:
 
 def new_tokens(request: Request) -> int:
     """The one length an engine generates to: ``request.max_new_tokens``, which the harness
-    resolves for every request before any engine sees it (the request file's own, else
-    ``--max-new-tokens`` or the dataset's output length: ``harness.run.plan.resolve_lengths``).
-    A request without one is a caller's bug, said in one line."""
+    sets on every request before any engine sees it (``--max-new-tokens``, else the request's
+    own, else the dataset's output length or the default: ``RunPlan.resolve_lengths`` in
+    harness/run/plan.py). A request without one is a caller's bug, said in one line."""
     if request.max_new_tokens is None:
         raise EngineError(f"request {request.id!r}: no max_new_tokens (set it on the request)")
     return request.max_new_tokens

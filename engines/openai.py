@@ -373,12 +373,11 @@ class OpenAIEngine(OpenAIFlags, Engine):
 
     def _payload(self, request: Request, params: GenParams) -> tuple[str, dict[str, Any]]:
         endpoint = self.endpoint or ("chat" if request.messages is not None else "completions")
-        max_tokens = new_tokens(request)
         body: dict[str, Any] = {
             "model": self.served_model,
             "stream": True,
             "stream_options": {"include_usage": True},
-            "max_tokens": max_tokens,
+            "max_tokens": new_tokens(request),
             "temperature": params.temperature,
             "top_p": params.top_p,
             "seed": params.seed,

@@ -453,5 +453,5 @@ def test_fresh_instances_warm_up_short_by_default(instances: str) -> None:
     s, seen = _requests_seen(plan)
     cap = PER_BLOCK_WARMUP_TOKENS if instances == PER_BLOCK else None
     warm = [r for r in seen if r.id.startswith("warmup-")]
-    assert warm and {r.max_new_tokens for r in warm} == {cap}  # None: the point's 24
+    assert warm and {r.max_new_tokens for r in warm} == {cap or 24}  # uncapped: the point's
     assert s.design_record(["rebuilt/baseline"])["warmup_tokens"] == {"rebuilt/baseline": cap}

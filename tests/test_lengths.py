@@ -1,6 +1,6 @@
 """One length per request, resolved once before any engine sees it: a request's own
 ``max_new_tokens``, ``--max-new-tokens`` and a dataset's output length each win where they
-should, for every registered engine (``harness.run.plan.resolve_lengths``); and every engine reads
+should, for every registered engine (``harness.run.plan.RunPlan.resolve_lengths``); and every engine reads
 that one field (``engines.base.new_tokens``), nothing else.
 
 The flags go through the run pipeline's front (``harness.cli.pipeline.prepare``: the real

@@ -242,7 +242,7 @@ def test_remote_run_with_the_default_model_neither_builds_it_nor_counts_with_it(
 ) -> None:
     """`--engine openai --base-url URL` alone: the one listed model is requested (one stderr
     line), the embedded model is never resolved, the run records what it did."""
-    from harness.cli import run_command as app
+    from harness.cli import pipeline as app
     from harness.cli.main import main
 
     def no(plan: Any) -> Any:

@@ -94,9 +94,9 @@ def design_of(slots: Iterable[Slot | None]) -> str:
 
 
 def warmup_requests(requests: Sequence[Request], n: int, cap: int | None = None) -> list[Request]:
-    """``n`` warm-up requests shaped like the workload's first ones (their lengths resolved:
-    ``harness.run.plan.resolve_lengths``) but never measured; with ``cap`` (--warmup-tokens)
-    each asks for at most ``cap`` new tokens.
+    """``n`` warm-up requests shaped like the workload's first ones (lengths resolved:
+    ``harness.run.plan.RunPlan.resolve_lengths``) but never measured; with ``cap``
+    (--warmup-tokens) each asks for at most ``cap`` new tokens.
 
     Each is a measured prompt with its words reversed behind a ``warm-up k:`` marker: similar
     length and vocabulary (the same kernels and batch shapes warm up), a different first token

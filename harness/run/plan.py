@@ -167,11 +167,23 @@ class RunPlan:
                 for n in self.max_new_tokens:
                     yield Point(mode, strategy, n)
 
+    def resolve_lengths(self, point: Point, requests: Sequence[Request]) -> list[Request]:
+        """Every request with the one length it is generated to (``Request.max_new_tokens``, the
+        only length an engine reads: ``engines.base.new_tokens``), decided here and nowhere
+        else. The point's length is ``--max-new-tokens`` when given, else the dataset's output
+        length (``--random-output-len``, ``--prefix-repetition-output-len``), else the default
+        (``harness.cli.plan_flags.DEFAULT_MAX_NEW_TOKENS``). Without --max-new-tokens
+        (``lengths_from_workload``) a request's own length (a request file's ``max_new_tokens``,
+        a synthetic request's sampled output length) wins over the point's; with it, the flag
+        wins over every request's own."""
+        own, n = self.lengths_from_workload, point.max_new_tokens
+        return [r if own and r.max_new_tokens else replace(r, max_new_tokens=n) for r in requests]
+
     def point_requests(self, point: Point, requests: Sequence[Request]) -> Sequence[Request]:
-        """The requests one point sends, each with its length (:func:`resolve_lengths`): the
+        """The requests one point sends, each with its length (:meth:`resolve_lengths`): the
         workload, cycled with fresh ids (seeded) to ``STEADY_WAVES`` x its concurrency in
         throughput mode, or without end under ``duration`` (the runner stops sending then)."""
-        requests = resolve_lengths(requests, point.max_new_tokens, self.lengths_from_workload)
+        requests = self.resolve_lengths(point, requests)
         cap = point.strategy.max_concurrency
         if point.mode != "throughput" or not requests:
             return requests
@@ -250,20 +262,6 @@ def lookup(config: Mapping[str, Any], key: str) -> Any:
         _, engine, opt = key.split(".", 2)
         return (config.get("options") or {}).get(engine, {}).get(opt)
     return config.get(key)
-
-
-def resolve_lengths(requests: Sequence[Request], length: int, own_first: bool) -> list[Request]:
-    """Every request with the one length it is generated to (``Request.max_new_tokens``, the
-    only length an engine reads: ``engines.base.new_tokens``), decided here and nowhere else.
-    ``length`` is the point's: ``--max-new-tokens`` when given, else the dataset's output length
-    (``--random-output-len``, ``--prefix-repetition-output-len``), else the default
-    (``harness.cli.plan_flags.DEFAULT_MAX_NEW_TOKENS``). ``own_first`` (no --max-new-tokens): a
-    request's own length (a request file's ``max_new_tokens``, a synthetic request's sampled
-    output length) wins over ``length``; else the flag wins over every request's own."""
-    return [
-        r if own_first and r.max_new_tokens is not None else replace(r, max_new_tokens=length)
-        for r in requests
-    ]
 
 
 def _label(cfg: Mapping[str, Any], multi_k: bool) -> str:

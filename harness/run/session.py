@@ -39,7 +39,7 @@ from harness.run.lanes import (
     unsupported_method,
 )
 from harness.run.load_sampler import LoadSampler
-from harness.run.plan import Point, RunPlan, resolve_lengths
+from harness.run.plan import Point, RunPlan
 from harness.run.runner import Runner, error_line
 
 
@@ -85,23 +85,14 @@ class Session:
                 await self._run_lanes([lane])
         return self.runs
 
-    # ---- for a caller that drives lanes itself (harness tune), instead of execute() ----------
-    async def start_lane(self, lane: Lane) -> None:
-        """Start ``lane``'s engine; if it cannot start, the reason is recorded (as each cell's
-        status) in :attr:`runs` and ``lane.engine`` stays None."""
-        await self._start(lane)
-
     async def run_cell(
-        self, lane: Lane, cell: Cell, point: Point, *, warmup: bool, block: int, index: int,
-        position: int,
-    ) -> Run:  # fmt: skip
-        """One run of a started lane, as execute() runs one: ``point``'s requests (the current
-        :attr:`requests`, lengths resolved), numbered next in the session's schedule at
-        (``index``: the point's place, ``block``, ``position`` in the block); ``warmup``: the
-        lane's first run, preceded by --warmup requests."""
-        slot = Slot(self.design, index, block, position, self._seq)
+        self, lane: Lane, cell: Cell, p: Point, warmup: bool, index: int, block: int, position: int
+    ) -> Run:
+        """One run of a started lane (execute()'s, harness tune's): ``p``'s requests, numbered next
+        in the schedule at (point ``index``, ``block``, ``position``), after --warmup if ``warmup``."""
         self._seq += 1
-        return await self._run_point(lane, cell, point, warmup, slot)
+        slot = Slot(self.design, index, block, position, self._seq - 1)
+        return await self._run_point(lane, cell, p, warmup, slot)
 
     def design_record(self, labels: Sequence[str]) -> dict[str, Any]:
         caps = {k: warmup_cap(self.plan.warmup_tokens, v) for k, v in self.instances.items()}
@@ -140,7 +131,7 @@ class Session:
         built = self._built(0)
         try:
             for i in build_order(len(lanes), self.plan.seed):  # seeded, recorded (design.py)
-                await self._start(lanes[i])
+                await self.start_lane(lanes[i])
                 if lanes[i].engine is not None:  # the record lists only engines built
                     built.append(lanes[i].name)
             live = [lane for lane in lanes if lane.engine is not None]
@@ -156,7 +147,7 @@ class Session:
         0 of each point), so the build and run orders balance over the lanes that run."""
         for lane in lanes:
             if unsupported_method(lane.config) and self._todo(lane):
-                await self._start(lane)
+                await self.start_lane(lane)
         return [lane for lane in lanes if not unsupported_method(lane.config)]
 
     async def _run_blocks(self, lanes: list[Lane]) -> None:
@@ -212,7 +203,7 @@ class Session:
                 if self.stop:
                     break
                 k = live[j]
-                await self._start(lanes[k], [c for (m, _), c in sorted(todo.items()) if m == k])
+                await self.start_lane(lanes[k], [c for (m, _), c in sorted(todo.items()) if m == k])
                 if lanes[k].engine is None:
                     dead.add(k)
                 else:  # the record lists only engines built
@@ -223,9 +214,9 @@ class Session:
                 for position, k in enumerate(order):
                     if self.stop:
                         break
-                    slot = Slot(self.design, i, block, position, self._seq)
-                    self._seq += 1
-                    run = await self._run_point(lanes[k], todo[(k, i)], points[i], True, slot)
+                    run = await self.run_cell(
+                        lanes[k], todo[(k, i)], points[i], True, i, block, position
+                    )
                     if run.status != "ok":  # fresh instances: every run warms up
                         halted.add((k, i))
         finally:
@@ -235,7 +226,7 @@ class Session:
                 self.heap_trimmed_mb.append(trim_heap())
                 self.rss_after_block_mb.append(rss_mb())
 
-    async def _start(self, lane: Lane, cells: Sequence[Cell] | None = None) -> None:
+    async def start_lane(self, lane: Lane, cells: Sequence[Cell] | None = None) -> None:
         """Start the lane's engine; if it cannot start, ``cells`` get the reason as status
         (default: repeat 0 of every point it has to run)."""
         from engines.base import create_engine
@@ -294,10 +285,10 @@ class Session:
                 cell = self.plan.cell(lane.config.engine, lane.label, p, repeat)
                 if cell.key in self.done:
                     continue
-                slot = Slot(self.design, index, repeat, position, self._seq)
-                self._seq += 1
+                run = await self.run_cell(
+                    lane, cell, p, id(lane) not in warm, index, repeat, position
+                )
                 position += 1
-                run = await self._run_point(lane, cell, p, id(lane) not in warm, slot)
                 warm.add(id(lane))
                 if run.status != "ok":
                     active.remove(lane)
@@ -314,11 +305,8 @@ class Session:
     async def _run_point(self, lane: Lane, cell: Cell, p: Point, warmup: bool, slot: Slot) -> Run:
         engine, config, info = lane.engine, lane.config, lane.info
         assert engine is not None
-        params = GenParams(  # no length: each request carries its own (RunPlan.point_requests)
-            temperature=self.plan.temperature,
-            ignore_eos=self.plan.ignore_eos,
-            seed=self.plan.seed,
-        )
+        plan = self.plan  # no length in params: each request carries its own (resolve_lengths)
+        params = GenParams(temperature=plan.temperature, ignore_eos=plan.ignore_eos, seed=plan.seed)
         records: list[RequestRecord] = []
         t0 = self.clock()
         if self.journal:
@@ -353,9 +341,7 @@ class Session:
         try:
             if warmup and self.plan.warmup:  # unmeasured prompts: they warm no measured prompt
                 cap = warmup_cap(self.plan.warmup_tokens, self.instances.get(lane.name, ONE))
-                own = resolve_lengths(
-                    self.requests, p.max_new_tokens, self.plan.lengths_from_workload
-                )
+                own = self.plan.resolve_lengths(p, self.requests)
                 warm = warmup_requests(own, self.plan.warmup, cap)
                 await runner.run(warm, params, p.strategy, warmup=True)
             slot = replace(slot, cache=await reset_cache(engine, self.plan.prefix_cache))
