@@ -101,7 +101,10 @@ def add_group(p: argparse.ArgumentParser) -> None:
         "/v1/completions or /v1/chat/completions, --goodput e2el:MS, --num-prompts, "
         "--request-rate, --burstiness, --seed, --ignore-eos, --temperature, --extra-body.",
     )
+    from workloads.synthetic import PrefixRepetitionSpec, RandomSpec
+
     one, zero = _at_least(1), _at_least(0)
+    rnd, rep = RandomSpec(), PrefixRepetitionSpec()  # vLLM's defaults, written once there
     v.add_argument(
         "--dataset-name",
         default=None,
@@ -111,19 +114,21 @@ def add_group(p: argparse.ArgumentParser) -> None:
         "(default --num-prompts 1000, as vLLM) and imply --ignore-eos: their lengths are the point",
     )
     v.add_argument("--dataset-path", default=None, help="the dataset file (= --workload FILE)")
-    v.add_argument("--random-input-len", type=one, default=1024, metavar="N")
-    v.add_argument("--random-output-len", type=one, default=128, metavar="N")
+    v.add_argument("--random-input-len", type=one, default=rnd.input_len, metavar="N")
+    v.add_argument("--random-output-len", type=one, default=rnd.output_len, metavar="N")
     v.add_argument(
         "--random-range-ratio",
         default="0.0",
         metavar="R",
         help='lengths uniform in [L*(1-R), L*(1+R)]; one R in [0, 1) or \'{"input": R, "output": R}\'',
     )
-    v.add_argument("--random-prefix-len", type=zero, default=0, metavar="N")
-    v.add_argument("--prefix-repetition-prefix-len", type=one, default=256, metavar="N")
-    v.add_argument("--prefix-repetition-suffix-len", type=one, default=256, metavar="N")
-    v.add_argument("--prefix-repetition-num-prefixes", type=one, default=10, metavar="N")
-    v.add_argument("--prefix-repetition-output-len", type=one, default=128, metavar="N")
+    v.add_argument("--random-prefix-len", type=zero, default=rnd.prefix_len, metavar="N")
+    v.add_argument("--prefix-repetition-prefix-len", type=one, default=rep.prefix_len, metavar="N")
+    v.add_argument("--prefix-repetition-suffix-len", type=one, default=rep.suffix_len, metavar="N")
+    v.add_argument(
+        "--prefix-repetition-num-prefixes", type=one, default=rep.num_prefixes, metavar="N"
+    )
+    v.add_argument("--prefix-repetition-output-len", type=one, default=rep.output_len, metavar="N")
     v.add_argument(
         "--percentile-metrics",
         type=percentile_metrics,
