@@ -144,7 +144,7 @@ def test_a_worker_sends_on_the_parents_t0(ahead, sent) -> None:
     from multiprocessing import Pipe
 
     from engines.base import GenParams, Request
-    from harness.run.client_process import Job, Records, Share, _Worker
+    from harness.run.client_process import Job, Records, Share, WorkerLoop
     from tests.clock import ScriptedEngine
 
     offsets = (0.0, 0.5, 1.25, 3.0)
@@ -153,7 +153,7 @@ def test_a_worker_sends_on_the_parents_t0(ahead, sent) -> None:
     reqs = [Request(id=f"r{j}", prompt="x") for j in range(len(offsets))]
     engine = ScriptedEngine(clock, {r.id: [(0.0, 1)] for r in reqs})  # no virtual time
     parent, child = Pipe()
-    worker = _Worker(child, engine.config, clock, sleep=clock.sleep)
+    worker = WorkerLoop(child, engine.config, clock, sleep=clock.sleep)
     share = Share(0, tuple(range(len(offsets))), offsets, None)
     asyncio.run(worker._job(engine, Job(1, reqs, None, share, GenParams(), t0, None, False)))
     records = []

@@ -375,6 +375,14 @@ def _http_engines(p: argparse.ArgumentParser) -> None:
         "client, ~1,000+ req/s of short streams per core)",
     )
     h.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="place the --client-workers N workers (N in total, default 1) as Ray actors spread "
+        "over this Ray cluster's nodes (e.g. 127.0.0.1:6379 or auto); each host's clock offset "
+        "is estimated and corrected (needs the [distributed] extra: ray)",
+    )
+    h.add_argument(
         "--sample-server-load",
         type=positive_float,
         default=None,

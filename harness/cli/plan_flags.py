@@ -78,12 +78,20 @@ def build_plan(
     if args.max_error_rate is not None and not 0 <= args.max_error_rate <= 1:
         raise UsageError("--max-error-rate: expected a fraction in [0, 1]")
     workers = getattr(args, "client_workers", 1)
-    if workers > 1:
+    ray_address = getattr(args, "ray_address", None)
+    if workers > 1 or ray_address:
         from harness.run.client_workers import refusal
 
-        why = refusal(engines, workers)
+        why = refusal(engines, workers, ray=bool(ray_address))
         if why:
             raise UsageError(why)
+    if ray_address:
+        import importlib.util
+
+        from harness.run.ray_clients import INSTALL
+
+        if importlib.util.find_spec("ray") is None:
+            raise UsageError(f"--ray-address needs Ray: {INSTALL}")
     speculative = bool(methods or spec_config)
     compares = speculative or args.aa or len(engines) > 1
     options = engine_options(args, engines, speculative, compares)
@@ -122,6 +130,7 @@ def build_plan(
         aa=args.aa,
         eagle3_model=eagle3,
         client_workers=workers,
+        ray_address=ray_address,
         temperature=args.temperature,
         ignore_eos=args.ignore_eos,
         token_ids=getattr(args, "token_ids", "auto"),

@@ -177,10 +177,10 @@ def worker_main(conn: Connection, config: EngineConfig, clock_name: str) -> None
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.getLogger("engines").setLevel(logging.ERROR)
     with contextlib.suppress(EOFError, BrokenPipeError, ConnectionResetError):
-        asyncio.run(_Worker(conn, config, SHARED_CLOCKS[clock_name]).serve())
+        asyncio.run(WorkerLoop(conn, config, SHARED_CLOCKS[clock_name]).serve())
 
 
-class _Worker:
+class WorkerLoop:
     """One client process's loop. ``clock`` and ``sleep`` are the runner's (tests hand it a fake
     clock and its sleep, in this process)."""
 

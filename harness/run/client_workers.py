@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -59,7 +59,7 @@ from harness.run.client_process import (
 )
 from harness.run.runner import Runner
 
-__all__ = ["ClientPool", "Share", "refusal", "split", "supports"]
+__all__ = ["ClientPool", "Share", "lost_records", "refusal", "shifted", "split", "supports"]
 
 START_TIMEOUT_S = 120.0
 POLL_S = 0.05  # the parent checks the run's stop flag this often
@@ -73,36 +73,52 @@ def supports(engine: str) -> bool:
     return engine_class(engine).capabilities.client_workers
 
 
-def refusal(engines: Sequence[str], workers: int) -> str | None:
-    """The one-line reason ``--client-workers`` cannot apply to these engines, else None."""
-    if workers <= 1:
+def refusal(engines: Sequence[str], workers: int, ray: bool = False) -> str | None:
+    """The one-line reason ``--client-workers`` (or ``--ray-address``) cannot apply to these
+    engines, else None."""
+    if workers <= 1 and not ray:
         return None
+    flag = "--ray-address" if ray else f"--client-workers {workers}"
     for e in engines:
         if not supports(e):
             return (
-                f"--client-workers {workers}: engine {e} runs in this process; only engines "
+                f"{flag}: engine {e} runs in this process; only engines "
                 "that talk to a server over HTTP can send from several processes"
             )
     return None
 
 
 @dataclass
-class _Handle:
+class WorkerHandle:
+    """One worker as the pool sees it. ``offset_s``: the worker's clock minus the runner's
+    (0 on one host: one clock; estimated per host for Ray workers, harness.run.ray_clients)."""
+
     index: int
     proc: Any
     conn: Connection
     pid: int = 0
+    offset_s: float = 0.0
+    gone: bool = False  # died during a run (survive_deaths): no more shares
+
+    def send(self, msg: Any) -> None:
+        self.conn.send(msg)
+
+    def exit_reason(self) -> str:
+        self.proc.join(1)
+        return f"exited (code {self.proc.exitcode})"
 
 
 class ClientPool:
     """N started client processes for one started HTTP engine (one lane of a run)."""
 
-    def __init__(self, clock: Callable[[], float], handles: list[_Handle]) -> None:
+    def __init__(self, clock: Callable[[], float], handles: list[WorkerHandle]) -> None:
         self.clock = clock
         self.handles = handles
         self.inbox: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         self.clock_check: list[dict[str, float]] = []
         self.last_cpu_s: list[float] = []  # each worker's CPU time in the last run (bench)
+        self.survive_deaths = False  # Ray: a dead worker loses only its share's unfinished requests
+        self.deaths: list[dict[str, Any]] = []
         self._job = 0
 
     @classmethod
@@ -127,7 +143,7 @@ class ClientPool:
             )
             proc.start()
             theirs.close()
-            handles.append(_Handle(i, proc, mine))
+            handles.append(WorkerHandle(i, proc, mine))
         pool = cls(clock, handles)
         try:
             await pool._handshake()
@@ -150,7 +166,7 @@ class ClientPool:
             best = None
             for _ in range(PINGS):
                 a = self.clock()
-                h.conn.send(Ping())
+                h.send(Ping())
                 msg = await self._next(h.index, START_TIMEOUT_S)
                 b = self.clock()
                 if not isinstance(msg, Pong):
@@ -200,19 +216,25 @@ class ClientPool:
         (journalled through ``runner.on_record`` as they arrive) in send order."""
         if runner.clock is not self.clock:
             raise EngineError("--client-workers: the runner's clock is not the pool's")
-        shares = split(strategy.offsets(len(requests)), strategy.max_concurrency, len(self.handles))
+        alive = [h for h in self.handles if not h.gone]
+        if not alive:
+            raise EngineError("--client-workers: every client worker has died")
+        shares = split(strategy.offsets(len(requests)), strategy.max_concurrency, len(alive))
         self._job += 1
         job = self._job
         lazy = not isinstance(requests, (list, tuple))
         t0 = runner.clock()
+        targets: dict[int, Share] = {}  # worker index -> its share
         for share in shares:
             picked = requests if lazy else [requests[j] for j in share.positions]
             positions = share.positions if lazy else None
-            msg = Job(job, picked, positions, share, params, t0, duration, warmup)
-            self.handles[share.index].conn.send(msg)
+            h = alive[share.index]  # t0 on the worker's clock
+            targets[h.index] = share
+            h.send(Job(job, picked, positions, share, params, t0 + h.offset_s, duration, warmup))
         records: list[tuple[float, int, int, RequestRecord]] = []
         cpu = [0.0] * len(self.handles)
-        pending = {s.index for s in shares}
+        pending = set(targets)
+        got: dict[int, set[str]] = {i: set() for i in targets}
         stopped = False
         try:
             while pending:
@@ -225,6 +247,8 @@ class ClientPool:
                     continue
                 if isinstance(msg, Records) and msg.job == job:
                     for rec in msg.records:
+                        rec = shifted(rec, -self.handles[i].offset_s)  # onto the runner's clock
+                        got[i].add(rec.request_id)
                         records.append((rec.t_send, i, len(records), rec))
                         if runner.on_record is not None:
                             runner.on_record(rec)
@@ -234,7 +258,21 @@ class ClientPool:
                     if msg.error is not None and msg.error != "cancelled":
                         raise EngineError(f"client worker {i}: {msg.error}")
                 elif isinstance(msg, (Exited, Failed)):
-                    raise EngineError(f"client worker {i}: {_why(msg, self.handles[i])}")
+                    why = f"client worker {i}: {_why(msg, self.handles[i])}"
+                    if not self.survive_deaths:
+                        raise EngineError(why)
+                    self.handles[i].gone = True
+                    if i not in pending:
+                        continue
+                    pending.discard(i)
+                    lost = lost_records(
+                        requests, targets[i], i, got[i], t0, runner.clock(), why, warmup
+                    )
+                    self.deaths.append({"worker": i, "job": job, "lost": len(lost), "why": why})
+                    for rec in lost:
+                        records.append((rec.t_send, i, len(records), rec))
+                        if runner.on_record is not None:
+                            runner.on_record(rec)
         except asyncio.CancelledError:
             self._send_all(Stop(job, cancel=True))
             raise
@@ -243,8 +281,8 @@ class ClientPool:
 
     def _send_all(self, msg: Any) -> None:
         for h in self.handles:
-            with contextlib.suppress(OSError):
-                h.conn.send(msg)
+            with contextlib.suppress(Exception):
+                h.send(msg)
 
     async def close(self) -> None:
         """Ask every worker to close its engine and exit; kill any that does not within 10 s."""
@@ -261,10 +299,45 @@ class ClientPool:
             h.conn.close()
 
 
-def _why(msg: Any, h: _Handle) -> str:
+def shifted(rec: RequestRecord, dt: float) -> RequestRecord:
+    """``rec`` with every stamp moved by ``dt`` seconds (another host's clock onto ours)."""
+    if not dt:
+        return rec
+    return replace(
+        rec,
+        t_send=rec.t_send + dt,
+        t_end=rec.t_end + dt,
+        chunk_times=tuple(t + dt for t in rec.chunk_times),
+    )
+
+
+def lost_records(
+    requests: Sequence[Request],
+    share: Share,
+    worker: int,
+    received: set[str],
+    t0: float,
+    now: float,
+    why: str,
+    warmup: bool,
+) -> list[RequestRecord]:
+    """A dead worker's requests that never came back, as failed records with the reason (sent
+    at their scheduled instant, or not at all: the record cannot tell, the reason says why)."""
+    out = []
+    for j, offset in zip(share.positions, share.offsets):
+        rid = requests[j].id
+        if rid not in received:
+            info = {"client_worker": worker}
+            t_send = min(t0 + offset, now)
+            out.append(
+                RequestRecord(rid, t_send, now, ok=False, error=why, warmup=warmup, info=info)
+            )
+    return out
+
+
+def _why(msg: Any, h: WorkerHandle) -> str:
     if isinstance(msg, Failed):
         return msg.error
     if isinstance(msg, Exited):
-        h.proc.join(1)
-        return f"exited (code {h.proc.exitcode})"
+        return h.exit_reason()
     return f"unexpected message {type(msg).__name__}"

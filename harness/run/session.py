@@ -244,7 +244,13 @@ class Session:
         t_build = time.perf_counter()  # wall time of the build (real, not the session clock)
         try:
             await engine.start()
-            if self.plan.client_workers > 1:
+            if self.plan.ray_address:
+                from harness.run.ray_clients import RayClientPool
+
+                lane.clients = await RayClientPool.start_on_ray(
+                    engine, self.plan.client_workers, self.clock, self.plan.ray_address
+                )
+            elif self.plan.client_workers > 1:
                 from harness.run.client_workers import ClientPool
 
                 lane.clients = await ClientPool.start(engine, self.plan.client_workers, self.clock)
