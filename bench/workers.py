@@ -13,6 +13,7 @@ time), from ``/proc/PID/stat`` for the stub.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import subprocess
@@ -71,6 +72,15 @@ async def _side(engine: Any, pool: Any, n: int, tag: str, stub_pid: int) -> dict
     }
 
 
+RAY_SIDES = ("ray: 2 actors, 1 node", "ray: 2 actors, 2 nodes")
+
+
+def _has_ray() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("ray") is not None
+
+
 async def run(quick: bool) -> Result:
     from engines.base import EngineConfig
     from engines.openai import OpenAIEngine
@@ -79,8 +89,11 @@ async def run(quick: bool) -> Result:
     res = Result("workers", "6. Client capacity vs --client-workers (zero-delay stub)")
     n, rounds = (256, 1) if quick else (2000, 5)
     sides = ["in process", *(f"{w} worker{'s' * (w > 1)}" for w in WORKERS)]
+    ray = _has_ray()  # Ray actors (--ray-address) on a local 2-node cluster, when installed
+    if ray:
+        sides += RAY_SIDES
     figures: dict[str, list[dict[str, float]]] = {s: [] for s in sides}
-    with tempfile.TemporaryDirectory(prefix="bench-workers-") as work:
+    with tempfile.TemporaryDirectory(prefix="bench-workers-") as work, contextlib.ExitStack() as st:
         stub = _QuietStub(Path(work))
         pools: dict[str, Any] = {}
         engine = None
@@ -93,6 +106,18 @@ async def run(quick: bool) -> Result:
             pools["in process"] = None
             for w, side in zip(WORKERS, sides[1:]):
                 pools[side] = await ClientPool.start(engine, w, time.perf_counter)
+            if ray:
+                from bench.ray_cluster import local_cluster
+                from harness.run.ray_clients import RayClientPool
+
+                address = st.enter_context(local_cluster(2, str(Path(work) / "ray")))
+                res.commands.append("bench/ray_cluster.py: 2 x ray start on 127.0.0.1")
+                one, two = RAY_SIDES
+                clock = time.perf_counter
+                pools[one] = await RayClientPool.start_on_ray(
+                    engine, 2, clock, address, resources={"node_0": 0.01}
+                )
+                pools[two] = await RayClientPool.start_on_ray(engine, 2, clock, address)
             for k in range(rounds + 1):  # round 0 warms every side (connections), untimed
                 order = sides[k % len(sides) :] + sides[: k % len(sides)]
                 for side in order:

@@ -5,8 +5,6 @@ the scripted fake server with known delays (harness.run.ray_clients)."""
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,34 +17,15 @@ from tests.test_faults import ServerThread, run_harness
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")
-RAY = str(Path(sys.executable).with_name("ray"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
     """A head node and a second node on 127.0.0.1, one CPU each; stopped at the end."""
-    port = _free_port()
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--object-store-memory=80000000",
-              "--disable-usage-stats"]  # fmt: skip
-    temp = str(tmp_path_factory.mktemp("ray"))
-    head = [RAY, "start", "--head", f"--port={port}", "--include-dashboard=false",
-            f"--temp-dir={temp}", '--resources={"node_a": 1}', *common]  # fmt: skip
-    second = [RAY, "start", f"--address=127.0.0.1:{port}", '--resources={"node_b": 1}', *common]
-    try:
-        for cmd in (head, second):
-            subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=120)
-        yield f"127.0.0.1:{port}"
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
+    from bench.ray_cluster import local_cluster
+
+    with local_cluster(2, str(tmp_path_factory.mktemp("ray"))) as address:
+        yield address
 
 
 def _run(tmp_path: Path, url: str, n: int, *extra: str) -> dict:

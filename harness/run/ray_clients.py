@@ -147,8 +147,14 @@ class RayClientPool(ClientPool):
 
     @classmethod
     async def start_on_ray(
-        cls, engine: Any, workers: int, clock: Callable[[], float], address: str
+        cls,
+        engine: Any,
+        workers: int,
+        clock: Callable[[], float],
+        address: str,
+        resources: dict[str, float] | None = None,
     ) -> RayClientPool:
+        """``resources``: a custom resource every actor needs (bench: all on one node)."""
         ray = require_ray()
         name = next((k for k, c in SHARED_CLOCKS.items() if c is clock), None)
         if name is None:
@@ -162,9 +168,8 @@ class RayClientPool(ClientPool):
         config = engine.client_config()
         handles: list[WorkerHandle] = []
         for i in range(workers):
-            actor = actor_cls.options(scheduling_strategy="SPREAD").remote(
-                config, name, _planted(i)
-            )
+            where = {"resources": resources} if resources else {"scheduling_strategy": "SPREAD"}
+            actor = actor_cls.options(**where).remote(config, name, _planted(i))
             handles.append(RayHandle(i, None, None, actor=actor))  # type: ignore[arg-type]
         pool = cls(clock, handles)
         pool.survive_deaths = True

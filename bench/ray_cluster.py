@@ -1,0 +1,47 @@
+"""A local Ray cluster of several nodes on 127.0.0.1 (one ``ray start`` each: its own raylet,
+object store and resources ``node_0``, ``node_1``, ...), for the Ray client workers' tests and
+benchmark (``--client-workers N --ray-address``). Stopped with ``ray stop --force``."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def local_cluster(nodes: int, temp_dir: str, cpus: int = 1) -> Iterator[str]:
+    """Yields the head's address; each node has the custom resource ``node_K``."""
+    port = _free_port()
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    common = [f"--num-cpus={cpus}", "--node-ip-address=127.0.0.1",
+              "--object-store-memory=80000000", "--disable-usage-stats"]  # fmt: skip
+    try:
+        for k in range(nodes):
+            where = (
+                ["--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp_dir}"]
+                if k == 0
+                else [f"--address=127.0.0.1:{port}"]
+            )
+            cmd = [RAY, "start", *where, f'--resources={{"node_{k}": 1}}', *common]
+            subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=120)
+        yield f"127.0.0.1:{port}"
+    finally:
+        with contextlib.suppress(ImportError):
+            import ray
+
+            if ray.is_initialized():
+                ray.shutdown()
+        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
