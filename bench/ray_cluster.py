@@ -1,6 +1,11 @@
 """A local Ray cluster of several nodes on 127.0.0.1 (one ``ray start`` each: its own raylet,
 object store and resources ``node_0``, ``node_1``, ...), for the Ray client workers' tests and
-benchmark (``--client-workers N --ray-address``). Stopped with ``ray stop --force``."""
+benchmark (``--client-workers N --ray-address``). Stopped with ``ray stop --force``.
+
+Only inside a network namespace whose one interface is loopback (``unshare -n``, see
+:func:`private_network_argv`): Ray binds some services to the host's own address whatever
+``--node-ip-address`` says (its client server, its runtime-env agent), and this project's tests
+send traffic to loopback only."""
 
 from __future__ import annotations
 
@@ -21,9 +26,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def private_network() -> bool:
+    """Whether this process sees no network interface but loopback."""
+    return [name for _, name in socket.if_nameindex()] == ["lo"]
+
+
+def private_network_argv(argv: list[str]) -> list[str]:
+    """``argv`` run in a fresh network namespace with only loopback up (Linux, as root)."""
+    import shlex
+
+    return ["unshare", "-n", "sh", "-c", "ip link set lo up && exec " + shlex.join(argv)]
+
+
 @contextlib.contextmanager
 def local_cluster(nodes: int, temp_dir: str, cpus: int = 1) -> Iterator[str]:
     """Yields the head's address; each node has the custom resource ``node_K``."""
+    if not private_network():
+        raise RuntimeError("local_cluster: run inside `unshare -n` (loopback only)")
     port = _free_port()
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     common = [f"--num-cpus={cpus}", "--node-ip-address=127.0.0.1",

@@ -89,7 +89,12 @@ async def run(quick: bool) -> Result:
     res = Result("workers", "6. Client capacity vs --client-workers (zero-delay stub)")
     n, rounds = (256, 1) if quick else (2000, 5)
     sides = ["in process", *(f"{w} worker{'s' * (w > 1)}" for w in WORKERS)]
-    ray = _has_ray()  # Ray actors (--ray-address) on a local 2-node cluster, when installed
+    from bench.ray_cluster import private_network
+
+    # Ray actors (--ray-address) on a local 2-node cluster: when installed, and only inside a
+    # loopback-only network namespace (Ray binds to the host's address too): run it as
+    # unshare -n sh -c 'ip link set lo up && python -m bench workers'
+    ray = _has_ray() and private_network()
     if ray:
         sides += RAY_SIDES
     figures: dict[str, list[dict[str, float]]] = {s: [] for s in sides}
@@ -181,5 +186,9 @@ async def run(quick: bool) -> Result:
                 f"{m(side, 'client_us'):,.0f} vs {m('in process', 'client_us'):,.0f} us/request",
             )
         )
-    res.commands.append("python -m bench workers")
+    res.commands.append(
+        "unshare -n sh -c 'ip link set lo up && python -m bench workers'"
+        if ray
+        else "python -m bench workers (Ray sides: under unshare -n, see bench/ray_cluster.py)"
+    )
     return res

@@ -1,6 +1,10 @@
 """``--client-workers N --ray-address ADDR``: client workers as Ray actors on a real local Ray
 cluster of two nodes (two ``ray start`` on 127.0.0.1, each its own raylet and resources), against
-the scripted fake server with known delays (harness.run.ray_clients)."""
+the scripted fake server with known delays (harness.run.ray_clients).
+
+Ray binds some services to the host's own address, so the cases run in a fresh network
+namespace with only loopback (``unshare -n``): outside one, this module's one test runs its
+cases there in a child pytest and reports its summary; inside, the cases run."""
 
 from __future__ import annotations
 
@@ -11,12 +15,29 @@ from pathlib import Path
 
 import pytest
 
+from bench.ray_cluster import private_network, private_network_argv
 from tests.fake_server import Behaviour, FakeServer
 from tests.test_client_workers import FIRST_S, ITL_S, TOKENS
 from tests.test_faults import ServerThread, run_harness
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")
+INSIDE = private_network()
+inside_only = pytest.mark.skipif(not INSIDE, reason="runs in a loopback-only namespace (below)")
+
+
+@pytest.mark.skipif(INSIDE, reason="already in a loopback-only network namespace")
+def test_ray_cases_in_a_loopback_only_network_namespace() -> None:
+    """Every case of this module, run by a child pytest inside ``unshare -n`` (lo only)."""
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
+    proc = subprocess.run(
+        private_network_argv(argv), capture_output=True, text=True, timeout=900,
+        cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    tail = (proc.stdout + proc.stderr)[-6000:]
+    assert proc.returncode == 0, tail
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert "3 passed, 1 skipped" in summary, tail  # every case ran there (this one skipped)
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +60,7 @@ def _server() -> FakeServer:
     return FakeServer(Behaviour(tokens=TOKENS, first_delay=FIRST_S, delay=ITL_S))
 
 
+@inside_only
 def test_two_ray_nodes_match_one_local_worker(tmp_path, ray_cluster, monkeypatch) -> None:
     """The same request ids and TTFT/TPOT statistics (within tolerance) from 2 Ray actors on 2
     nodes as from one local client; both nodes used; a planted clock offset of 0.25 s on worker 1
@@ -70,6 +92,7 @@ def test_two_ray_nodes_match_one_local_worker(tmp_path, ray_cluster, monkeypatch
     assert abs(min(sends[1]) - min(sends[0])) < 0.1, sends
 
 
+@inside_only
 def test_a_killed_actor_loses_only_its_unfinished_requests(tmp_path, ray_cluster) -> None:
     """One actor killed 0.3 s into a run of 16 requests at 2 in flight (each ~0.35 s on the fake
     server): the run finishes, the lost requests are failed records naming the death, nothing
