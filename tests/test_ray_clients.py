@@ -115,7 +115,7 @@ def test_a_killed_actor_loses_only_its_unfinished_requests(tmp_path, ray_cluster
         pool = await RayClientPool.start_on_ray(engine, 2, time.perf_counter, ray_cluster)
         seen = []
         runner = Runner(engine, on_record=seen.append, clients=pool)
-        reqs = [Request(id=f"r{j}", prompt="x") for j in range(n)]
+        reqs = [Request(id=f"r{j}", prompt="x", max_new_tokens=TOKENS) for j in range(n)]
 
         async def kill_soon() -> None:
             await asyncio.sleep(0.3)
@@ -123,7 +123,7 @@ def test_a_killed_actor_loses_only_its_unfinished_requests(tmp_path, ray_cluster
 
         killer = asyncio.ensure_future(kill_soon())
         try:
-            records = await runner.run(reqs, GenParams(TOKENS), Concurrent(2))
+            records = await runner.run(reqs, GenParams(), Concurrent(2))
         finally:
             await killer
             info = pool.describe()
