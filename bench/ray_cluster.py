@@ -32,10 +32,20 @@ def private_network() -> bool:
 
 
 def private_network_argv(argv: list[str]) -> list[str]:
-    """``argv`` run in a fresh network namespace with only loopback up (Linux, as root)."""
+    """``argv`` run in a fresh network namespace with only loopback up, and its own PID
+    namespace (``ray stop --force`` then stops this cluster's processes only). Linux, as root."""
     import shlex
 
-    return ["unshare", "-n", "sh", "-c", "ip link set lo up && exec " + shlex.join(argv)]
+    return [
+        "unshare",
+        "-n",
+        "-p",
+        "-f",
+        "--mount-proc",
+        "sh",
+        "-c",
+        "ip link set lo up && exec " + shlex.join(argv),
+    ]
 
 
 @contextlib.contextmanager

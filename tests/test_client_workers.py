@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
 import time
 
 import pytest
@@ -162,3 +164,18 @@ def test_a_worker_sends_on_the_parents_t0(ahead, sent) -> None:
         records += msg.records if isinstance(msg, Records) else ()
     sends = {r.request_id: r.t_send - t0 for r in records}
     assert [sends[r.id] for r in reqs] == pytest.approx(sent, abs=1e-9), sends
+
+
+def test_ray_address_without_ray_is_one_line() -> None:
+    """Without the extra installed: exit 2, one line saying how to install it."""
+    code = (
+        "import sys, importlib.util as u; real = u.find_spec\n"
+        "u.find_spec = lambda name, *a: None if name == 'ray' else real(name, *a)\n"
+        "from harness.cli.main import main\n"
+        "sys.exit(main(['--engine', 'openai', '--base-url', 'http://127.0.0.1:9/v1',"
+        " '--ray-address', 'auto', '--quiet']))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and err.count("\n") == 0, err
+    assert "--ray-address needs Ray" in err and "pip install" in err

@@ -37,7 +37,7 @@ def test_ray_cases_in_a_loopback_only_network_namespace() -> None:
     tail = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, tail
     summary = proc.stdout.strip().splitlines()[-1]
-    assert "3 passed, 1 skipped" in summary, tail  # every case ran there (this one skipped)
+    assert "2 passed, 1 skipped" in summary, tail  # every case ran there (this one skipped)
 
 
 @pytest.fixture(scope="module")
@@ -82,21 +82,22 @@ def test_two_ray_nodes_match_one_local_worker(tmp_path, ray_cluster, monkeypatch
     assert per[1]["uncertainty_s"] < 1e-3 or abs(per[1]["offset_s"] - planted) < 1e-3
     senders = {r["info"]["client_worker"] for r in r2["records"]}
     assert senders == {0, 1}
-    for key, truth in (("ttft_s", FIRST_S), ("tpot_s", ITL_S)):
+    for key, truth in (("ttft_s", FIRST_S), ("tpot_s", ITL_S), ("e2e_s", FIRST_S + 5 * ITL_S)):
         a, b = r1["summary"][key]["median"], r2["summary"][key]["median"]
-        assert truth <= a < truth + 0.2 and truth <= b < truth + 0.2, (key, a, b)
+        assert truth <= a and truth <= b and abs(a - b) < 0.03, (key, a, b)  # Ray ~ local
     # corrected: worker 1's stamps are on the runner's time line, not 0.25 s ahead of it
     sends = {r["info"]["client_worker"]: [] for r in r2["records"]}
     for r in r2["records"]:
         sends[r["info"]["client_worker"]].append(r["send_s"])
-    assert abs(min(sends[1]) - min(sends[0])) < 0.1, sends
+    assert abs(min(sends[1]) - min(sends[0])) < 0.02, sends
 
 
 @inside_only
-def test_a_killed_actor_loses_only_its_unfinished_requests(tmp_path, ray_cluster) -> None:
-    """One actor killed 0.3 s into a run of 16 requests at 2 in flight (each ~0.35 s on the fake
-    server): the run finishes, the lost requests are failed records naming the death, nothing
-    the other worker finished is lost."""
+def test_a_killed_actor_loses_only_its_in_flight_request(ray_cluster) -> None:
+    """2 actors, 1 request in flight each (16 requests of ~0.35 s on the fake server); worker 1
+    killed 1.2 s in: the run finishes; worker 1's finished requests are kept, its one in-flight
+    request is a failed record naming the death, what it had not sent is not a record; worker
+    0 loses nothing. The next run deals every request to the survivor."""
     import asyncio
     import time
 
@@ -108,51 +109,44 @@ def test_a_killed_actor_loses_only_its_unfinished_requests(tmp_path, ray_cluster
 
     n = 16
 
-    async def body(url: str) -> tuple[list, dict]:
+    async def body(url: str) -> tuple[list, list, dict]:
         opts = {"base_urls": [url]}
         engine = OpenAIEngine(EngineConfig(engine="openai", model="fake-model", options=opts))
         await engine.start()
         pool = await RayClientPool.start_on_ray(engine, 2, time.perf_counter, ray_cluster)
-        seen = []
+        seen: list = []
         runner = Runner(engine, on_record=seen.append, clients=pool)
-        reqs = [Request(id=f"r{j}", prompt="x", max_new_tokens=TOKENS) for j in range(n)]
+
+        def reqs(tag: str) -> list[Request]:
+            return [Request(id=f"{tag}{j}", prompt="x", max_new_tokens=TOKENS) for j in range(n)]
 
         async def kill_soon() -> None:
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(1.2)
             ray.kill(pool.handles[1].actor)
 
         killer = asyncio.ensure_future(kill_soon())
         try:
-            records = await runner.run(reqs, GenParams(), Concurrent(2))
-        finally:
+            first = await runner.run(reqs("a"), GenParams(), Concurrent(2))
             await killer
+            second = await runner.run(reqs("b"), GenParams(), Concurrent(2))
             info = pool.describe()
+        finally:
             await pool.close()
             await engine.close()
-        assert len(seen) == len(records)
-        return records, info
+        assert len(seen) == len(first) + len(second)  # every record journalled as it came
+        return first, second, info
 
     slow = FakeServer(Behaviour(tokens=TOKENS, first_delay=0.05, delay=0.05))
     with ServerThread(slow) as url:
-        records, info = asyncio.run(body(url))
-    assert sorted(r.request_id for r in records) == sorted(f"r{j}" for j in range(n))
-    failed = [r for r in records if not r.ok]
-    assert failed and all("client worker 1" in r.error and "died" in r.error for r in failed)
-    assert all(r.info["client_worker"] == 1 for r in failed)
-    assert all(r.ok for r in records if r.info.get("client_worker") == 0)
-    assert info["deaths"] and info["deaths"][0]["lost"] == len(failed)
-
-
-def test_without_ray_the_flag_is_one_line(tmp_path) -> None:
-    """Without the extra installed: exit 2, one line saying how to install it."""
-    code = (
-        "import sys, importlib.util as u; real = u.find_spec\n"
-        "u.find_spec = lambda name, *a: None if name == 'ray' else real(name, *a)\n"
-        "from harness.cli.main import main\n"
-        "sys.exit(main(['--engine', 'openai', '--base-url', 'http://127.0.0.1:9/v1',"
-        " '--ray-address', 'auto', '--quiet']))\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    err = proc.stderr.strip()
-    assert proc.returncode == 2 and err.count("\n") == 0, err
-    assert "--ray-address needs Ray" in err and "pip install" in err
+        first, second, info = asyncio.run(body(url))
+    by = {w: [r for r in first if r.info["client_worker"] == w] for w in (0, 1)}
+    assert len(by[0]) == n // 2 and all(r.ok for r in by[0]), by[0]
+    ok1, failed1 = [r for r in by[1] if r.ok], [r for r in by[1] if not r.ok]
+    assert ok1, "worker 1 finished requests before it was killed; they are kept"
+    assert len(failed1) == 1, failed1  # its one slot's request; the unsent are no records
+    assert "client worker 1" in failed1[0].error and "died" in failed1[0].error
+    assert len(by[1]) < n // 2 and len(set(r.request_id for r in first)) == len(first)
+    assert info["deaths"] == [
+        {"worker": 1, "job": info["deaths"][0]["job"], "lost": 1, "why": failed1[0].error}
+    ]
+    assert len(second) == n and all(r.ok and r.info["client_worker"] == 0 for r in second)

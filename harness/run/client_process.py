@@ -190,16 +190,22 @@ class WorkerLoop:
         config: EngineConfig,
         clock: Callable[[], float],
         sleep: Callable[[float], Any] = asyncio.sleep,
+        inbox: asyncio.Queue[Any] | None = None,
     ):
+        """``inbox``: messages put there by the host (a Ray actor), not read from ``conn``, which
+        then only needs ``send``."""
         self.conn, self.config, self.clock, self.sleep = conn, config, clock, sleep
+        self.inbox = inbox
         self.stop_job: int | None = None
 
     async def serve(self) -> None:
         from engines.base import create_engine
 
-        inbox: asyncio.Queue[Any] = asyncio.Queue()
         loop = asyncio.get_running_loop()
-        loop.add_reader(self.conn.fileno(), reader(self.conn, inbox.put_nowait))
+        piped = self.inbox is None
+        inbox: asyncio.Queue[Any] = asyncio.Queue() if self.inbox is None else self.inbox
+        if piped:
+            loop.add_reader(self.conn.fileno(), reader(self.conn, inbox.put_nowait))
         engine = None
         try:
             engine = create_engine(self.config)
@@ -229,7 +235,8 @@ class WorkerLoop:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
-            loop.remove_reader(self.conn.fileno())
+            if piped:
+                loop.remove_reader(self.conn.fileno())
             await engine.close()
 
     async def _job(self, engine: Any, job: Job) -> None:

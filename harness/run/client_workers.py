@@ -216,7 +216,7 @@ class ClientPool:
         (journalled through ``runner.on_record`` as they arrive) in send order."""
         if runner.clock is not self.clock:
             raise EngineError("--client-workers: the runner's clock is not the pool's")
-        alive = [h for h in self.handles if not h.gone]
+        alive = [h for h in self.handles if not h.gone]  # a dead worker gets no more shares
         if not alive:
             raise EngineError("--client-workers: every client worker has died")
         shares = split(strategy.offsets(len(requests)), strategy.max_concurrency, len(alive))
@@ -266,7 +266,7 @@ class ClientPool:
                         continue
                     pending.discard(i)
                     lost = lost_records(
-                        requests, targets[i], i, got[i], t0, runner.clock(), why, warmup
+                        requests, targets[i], i, got[i], t0, runner.clock(), why, warmup, duration
                     )
                     self.deaths.append({"worker": i, "job": job, "lost": len(lost), "why": why})
                     for rec in lost:
@@ -320,17 +320,24 @@ def lost_records(
     now: float,
     why: str,
     warmup: bool,
+    duration: float | None = None,
 ) -> list[RequestRecord]:
-    """A dead worker's requests that never came back, as failed records with the reason (sent
-    at their scheduled instant, or not at all: the record cannot tell, the reason says why)."""
-    out = []
+    """A dead worker's requests in flight when it died, as failed records with the reason: those
+    due by ``now`` (and before ``duration``) that never came back, at most its share's cap of
+    them in a closed loop (it sends in order, one per free slot). What it had not sent yet is
+    not a record: the run ends with the records it has."""
+    out: list[RequestRecord] = []
+    elapsed = now - t0
     for j, offset in zip(share.positions, share.offsets):
+        if offset > elapsed or (duration is not None and offset >= duration):
+            break  # offsets ascend: the rest were not due
+        if share.cap is not None and len(out) >= share.cap:
+            break
         rid = requests[j].id
         if rid not in received:
             info = {"client_worker": worker}
-            t_send = min(t0 + offset, now)
             out.append(
-                RequestRecord(rid, t_send, now, ok=False, error=why, warmup=warmup, info=info)
+                RequestRecord(rid, t0 + offset, now, ok=False, error=why, warmup=warmup, info=info)
             )
     return out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -81,6 +82,15 @@ def can_rebuild(engine: str) -> bool:
 
     caps = engine_class(engine).capabilities
     return caps.rebuild_per_block or caps.managed
+
+
+def progress_bar(on: bool, desc: str, total: int | None) -> Any:
+    """A tqdm bar on stderr for one run, or None when progress is off."""
+    if not on:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True)
 
 
 async def close_lanes(lanes: Sequence[Lane]) -> None:

@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,48 +49,54 @@ def require_ray() -> Any:
     return ray
 
 
+class _Outbox:
+    """The worker loop's ``conn`` inside an actor: ``send`` queues for the parent's poll (no
+    pipe, so no send can block the loop that would drain it)."""
+
+    def __init__(self, queue: asyncio.Queue[Any]) -> None:
+        self.queue = queue
+
+    def send(self, msg: Any) -> None:
+        self.queue.put_nowait(msg)
+
+
 class RayClient:
-    """The actor: one :class:`WorkerLoop` on this node, reached through a local duplex pipe.
+    """The actor: one :class:`WorkerLoop` on this node, fed and drained through two queues on
+    the actor's event loop (Ray runs an async actor's methods there).
 
     ``offset_s`` shifts this actor's clock (a test hook: one host cannot have two monotonic
     clocks, so a test plants the difference)."""
 
     def __init__(self, config: Any, clock_name: str, offset_s: float = 0.0) -> None:
-        from multiprocessing import Pipe
-
         base = SHARED_CLOCKS[clock_name]
         self.clock: Callable[[], float] = base if not offset_s else (lambda: base() + offset_s)
-        self.mine, theirs = Pipe()
-        self.loop = WorkerLoop(theirs, config, self.clock)
+        self.config = config
+        self.inbox: asyncio.Queue[Any] | None = None
         self.outbox: asyncio.Queue[Any] | None = None
-        self.sender = ThreadPoolExecutor(1)  # one thread: messages keep their order
         self.task: asyncio.Task[None] | None = None
 
     async def start(self) -> dict[str, Any]:
         import ray
 
-        aio = asyncio.get_running_loop()
-        self.outbox = asyncio.Queue()
-        outbox = self.outbox
-
-        def readable() -> None:
-            try:
-                while self.mine.poll():
-                    outbox.put_nowait(self.mine.recv())
-            except (EOFError, OSError):
-                aio.remove_reader(self.mine.fileno())
-                outbox.put_nowait(Exited())
-
-        aio.add_reader(self.mine.fileno(), readable)
-        self.task = asyncio.ensure_future(self.loop.serve())
+        self.inbox, self.outbox = asyncio.Queue(), asyncio.Queue()
+        loop = WorkerLoop(_Outbox(self.outbox), self.config, self.clock, inbox=self.inbox)  # type: ignore[arg-type]
+        self.task = asyncio.ensure_future(loop.serve())
+        self.task.add_done_callback(self._ended)
         ctx = ray.get_runtime_context()
         return {"node_id": ctx.get_node_id(), "host": os.uname().nodename, "pid": os.getpid()}
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """The worker loop returned or crashed: the parent hears it (else it would wait)."""
+        assert self.outbox is not None
+        exc = None if task.cancelled() else task.exception()
+        self.outbox.put_nowait(Exited() if exc is None else Failed(f"worker loop: {exc!r}"[:300]))
 
     async def now(self) -> float:
         return self.clock()
 
     async def send(self, msg: Any) -> None:
-        await asyncio.get_running_loop().run_in_executor(self.sender, self.mine.send, msg)
+        assert self.inbox is not None
+        self.inbox.put_nowait(msg)
 
     async def recv(self, timeout: float) -> list[Any]:
         """Every message the worker has sent, waiting up to ``timeout`` for the first."""
@@ -191,9 +196,31 @@ class RayClientPool(ClientPool):
             if not isinstance(msg, Ready):
                 why = msg.error if isinstance(msg, Failed) else self.handles[i].exit_reason()
                 raise EngineError(f"client worker {i}: {why}")
+        await self.resync()
+
+    async def resync(self, end: bool = False) -> None:
+        """Estimate every live worker's clock offset: before a run (the offset that run's
+        stamps are converted with) or after it (``end``: the drift over the run)."""
         for h in self._ray_handles():
-            h.sync.append(await estimate_offset(h.actor, self.clock))
-            h.offset_s = h.sync[0]["offset_s"]
+            if h.gone:
+                continue
+            try:
+                est = await asyncio.wait_for(estimate_offset(h.actor, self.clock), 30)
+            except Exception:  # noqa: BLE001 - a dead actor: its poller says so
+                continue
+            if end:
+                h.sync = [*h.sync[:1], est]
+            else:
+                h.sync = [est]
+                h.offset_s = est["offset_s"]
+
+    async def run(self, runner: Any, *args: Any, **kwargs: Any) -> Any:
+        """A run as the pool runs it, between two offset estimates (start: used; end: drift)."""
+        await self.resync()
+        try:
+            return await super().run(runner, *args, **kwargs)
+        finally:
+            await self.resync(end=True)
 
     async def _poll(self, h: RayHandle) -> None:
         """Feed the worker's messages into the pool's inbox; a dead actor is one ``Exited``."""
@@ -204,6 +231,7 @@ class RayClientPool(ClientPool):
                 raise
             except Exception as exc:  # RayActorError, the node gone
                 h.died = f"Ray actor died: {str(exc).splitlines()[0][:200]}"
+                h.gone = True  # no share of a later run goes to it
                 self.inbox.put_nowait((h.index, Exited()))
                 return
             for msg in msgs:
@@ -243,14 +271,9 @@ class RayClientPool(ClientPool):
         }
 
     async def close(self) -> None:
-        """A last offset estimate (the drift), then each actor's engine closed and the actor
-        ended."""
+        """Each actor's engine closed, then the actor ended (``ray.kill``: nothing left)."""
         import ray
 
-        for h in self._ray_handles():
-            if h.died is None and h.sync:
-                with contextlib.suppress(Exception):
-                    h.sync.append(await asyncio.wait_for(estimate_offset(h.actor, self.clock), 10))
         self._send_all(Close())
         await asyncio.sleep(0.2)
         for h in self._ray_handles():
@@ -258,3 +281,13 @@ class RayClientPool(ClientPool):
                 h.poller.cancel()
             with contextlib.suppress(Exception):
                 ray.kill(h.actor)
+
+
+async def start_pool(engine: Any, plan: Any, clock: Callable[[], float]) -> ClientPool:
+    """The run's client workers for one started HTTP engine: processes on this host
+    (``--client-workers N``), or Ray actors on the cluster at ``plan.ray_address``."""
+    if plan.ray_address:
+        return await RayClientPool.start_on_ray(
+            engine, plan.client_workers, clock, plan.ray_address
+        )
+    return await ClientPool.start(engine, plan.client_workers, clock)

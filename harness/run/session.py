@@ -34,12 +34,14 @@ from harness.run.lanes import (
     StopFlag,
     cache_counters,
     close_lanes,
+    progress_bar,
     reset_cache,
     spec_counters,
     unsupported_method,
 )
 from harness.run.load_sampler import LoadSampler
 from harness.run.plan import Point, RunPlan
+from harness.run.ray_clients import start_pool
 from harness.run.runner import Runner, error_line
 
 
@@ -244,16 +246,8 @@ class Session:
         t_build = time.perf_counter()  # wall time of the build (real, not the session clock)
         try:
             await engine.start()
-            if self.plan.ray_address:
-                from harness.run.ray_clients import RayClientPool
-
-                lane.clients = await RayClientPool.start_on_ray(
-                    engine, self.plan.client_workers, self.clock, self.plan.ray_address
-                )
-            elif self.plan.client_workers > 1:
-                from harness.run.client_workers import ClientPool
-
-                lane.clients = await ClientPool.start(engine, self.plan.client_workers, self.clock)
+            if self.plan.client_workers > 1 or self.plan.ray_address:
+                lane.clients = await start_pool(engine, self.plan, self.clock)
         except Exception as exc:
             status = f"failed: engine did not start: {error_line(exc)}"
             self._say(status)
@@ -320,7 +314,7 @@ class Session:
             self.journal.write("run", {"key": cell.key, "run": head})
 
         requests = self.plan.point_requests(p, self.requests)
-        bar = self._bar(cell.name, None if self.plan.duration else len(requests))
+        bar = progress_bar(self.progress, cell.name, None if self.plan.duration else len(requests))
 
         def on_record(rec: RequestRecord) -> None:
             records.append(rec)
@@ -360,6 +354,8 @@ class Session:
             if before is not None and after is not None:
                 spec_metrics = (after - before).to_metrics()
             extra = sampler.summary()
+            if lane.clients is not None:  # per run: clock offsets and drift, deaths so far
+                extra["client_workers"] = lane.clients.describe()
             if cache_before is not None and cache_after is not None:
                 extra["prefix_cache"] = {k: cache_after[k] - cache_before[k] for k in cache_after}
         except UnsupportedError as exc:
@@ -393,13 +389,6 @@ class Session:
                     "schedule": None if run.schedule is None else run.schedule.to_json(),
                 },
             )
-
-    def _bar(self, desc: str, total: int | None) -> Any:
-        if not self.progress:
-            return None
-        from tqdm import tqdm
-
-        return tqdm(total=total, desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True)
 
     def _say(self, msg: str) -> None:
         if self.progress:
