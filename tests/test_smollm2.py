@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.models import registry as models
-from harness.models import smollm as models_smollm
+from harness.models import smollm
 from tests.inprocess import run_harness
 
 # Offline first-position agreement of the shipped speculators on the default workload's 4
@@ -72,10 +72,10 @@ def test_draft_shares_the_tokenizer_and_the_embedding(smollm2: dict[str, str]) -
     assert set(draft) == {"model.embed_tokens.weight", "model.norm.weight"} | {
         k.replace(f"layers.{i}.", f"layers.{j}.")
         for k in tsd
-        for j, i in enumerate(models_smollm.DRAFT_LAYERS)
+        for j, i in enumerate(smollm.DRAFT_LAYERS)
         if k.startswith(f"model.layers.{i}.")
     }
-    if not (models_smollm.TRAINED_DIR / "draft.safetensors").is_file():  # layer-skip draft
+    if not (smollm.TRAINED_DIR / "draft.safetensors").is_file():  # layer-skip draft
         assert torch.equal(
             draft["model.layers.1.mlp.up_proj.weight"], tsd["model.layers.1.mlp.up_proj.weight"]
         )
@@ -87,15 +87,15 @@ def test_eagle3_head_is_written_in_vllms_layout(smollm2: dict[str, str], tmp_pat
     import torch
     from safetensors.torch import load_file
 
-    from harness.models import eagle3 as models_eagle3
+    from harness.models import eagle3
 
     t = Path(smollm2["target"])
     tcfg = json.loads((t / "config.json").read_text())
     emb = load_file(str(t / "model.safetensors"))["model.embed_tokens.weight"]
     vocab = torch.arange(5, 49152, 7)[:1024]  # any sorted subset of the target's ids
-    cfg = models_eagle3.head_config(tcfg, len(vocab))
-    models_eagle3.save(models_eagle3.Eagle3Head(cfg, emb, vocab), vocab, tmp_path, cfg)
-    models_smollm.assemble_eagle3(tmp_path / "eagle3", t, trained=tmp_path)
+    cfg = eagle3.head_config(tcfg, len(vocab))
+    eagle3.save(eagle3.Eagle3Head(cfg, emb, vocab), vocab, tmp_path, cfg)
+    smollm.assemble_eagle3(tmp_path / "eagle3", t, trained=tmp_path)
     e = tmp_path / "eagle3"
     assert _sha(t / "tokenizer.json") == _sha(e / "tokenizer.json")
     ecfg = json.loads((e / "config.json").read_text())
@@ -121,8 +121,8 @@ def test_assembly_is_deterministic(smollm2: dict[str, str], tmp_path: Path) -> N
     from safetensors.torch import load_file
 
     t = Path(smollm2["target"])
-    models_smollm.assemble_draft(tmp_path / "draft", t)
-    models_smollm.assemble_eagle3(tmp_path / "eagle3", t)
+    smollm.assemble_draft(tmp_path / "draft", t)
+    smollm.assemble_eagle3(tmp_path / "eagle3", t)
     for kind in ("draft", "eagle3"):
         for f in ("model.safetensors", "config.json", "tokenizer.json"):
             assert _sha(tmp_path / kind / f) == _sha(Path(smollm2[kind]) / f), (kind, f)
@@ -244,16 +244,16 @@ def test_retrained_weights_are_reassembled(smollm2: dict[str, str], tmp_path: Pa
     root, trained = tmp_path / "family", tmp_path / "trained"
     root.mkdir()
     (root / "target").symlink_to(smollm2["target"])
-    shutil.copytree(models_smollm.TRAINED_DIR, trained)
-    models_smollm.assemble(root, trained)
-    assert models_smollm.is_current(root / "eagle3", "eagle3", trained)
+    shutil.copytree(smollm.TRAINED_DIR, trained)
+    smollm.assemble(root, trained)
+    assert smollm.is_current(root / "eagle3", "eagle3", trained)
     before = _sha(root / "eagle3" / "model.safetensors")
-    stamp_before = (root / "draft" / models_smollm.STAMP).read_text()
+    stamp_before = (root / "draft" / smollm.STAMP).read_text()
     cfg = json.loads((trained / "eagle3_config.json").read_text())
     (trained / "eagle3_config.json").write_text(json.dumps({**cfg, "rms_norm_eps": 1e-6}))
-    assert not models_smollm.is_current(root / "eagle3", "eagle3", trained)
-    models_smollm.assemble(root, trained)
-    assert models_smollm.is_current(root / "eagle3", "eagle3", trained)
+    assert not smollm.is_current(root / "eagle3", "eagle3", trained)
+    smollm.assemble(root, trained)
+    assert smollm.is_current(root / "eagle3", "eagle3", trained)
     assert json.loads((root / "eagle3" / "config.json").read_text())["rms_norm_eps"] == 1e-6
     assert _sha(root / "eagle3" / "model.safetensors") == before  # weights unchanged
-    assert (root / "draft" / models_smollm.STAMP).read_text() == stamp_before  # left alone
+    assert (root / "draft" / smollm.STAMP).read_text() == stamp_before  # left alone

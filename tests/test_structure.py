@@ -150,7 +150,10 @@ ENGINE_FREE = (
     "cli/tune_command",
     "tune/budget",
     "tune/verify",
-)  # fmt: skip  (tune: Capabilities.tunable)
+    "cli/pipeline",
+    "run/lanes",
+    "run/journal",
+)  # tune: Capabilities.tunable
 
 
 def test_no_engine_name_outside_engines() -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime as dt
 import json
 import sys
@@ -25,6 +24,7 @@ from harness.cli.flags import build_parser
 from harness.cli.options import UsageError, positive_int
 from harness.core.load import Concurrent
 from harness.core.results import Run
+from harness.run.lanes import close_lanes
 from harness.run.plan import PlanError, Point, RunPlan
 from harness.tune.budget import FILES_MARGIN_S, TimeBudget, process_start, worst_case
 from harness.tune.report import markdown, to_json
@@ -208,11 +208,8 @@ class Bench:
         return out
 
     async def close(self) -> None:
-        for lane in self.lanes.values():
-            if lane.engine is not None:
-                with contextlib.suppress(Exception):
-                    await lane.engine.close()
-                lane.engine = None
+        """Every lane's client workers and engine closed (the run's own rule: close_lanes)."""
+        await close_lanes(list(self.lanes.values()))
 
 
 def _sample(run: Run) -> Sample | None:

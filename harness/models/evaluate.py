@@ -20,7 +20,7 @@ from harness.models import smollm as sm
 
 
 def load_head(eagle3: Path, embed: Any) -> Any:
-    """The assembled head (vLLM's checkpoint names) as ``models_eagle3.Eagle3Head``."""
+    """The assembled head (vLLM's checkpoint names) as ``harness.models.eagle3.Eagle3Head``."""
     import torch
     from safetensors.torch import load_file
 

@@ -216,9 +216,9 @@ def main(argv: list[str]) -> int:
             _build_tiny(args)
         else:
             if args.train:
-                from harness.models import train as models_train
+                from harness.models import train as training
 
-                models_train.train_all(
+                training.train_all(
                     seed=args.seed,
                     progress=not args.quiet,
                     budget_s=args.train_seconds,

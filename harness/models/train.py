@@ -1,17 +1,17 @@
 """Trains SmolLM2's speculators by self-distillation: the target's own greedy outputs are the
 labels (as in the EAGLE papers and in distilled drafts), so greedy acceptance is what improves.
 
-1. ``models_data``: HF batched greedy generation of the target (KV cache, 32 prompts a batch)
+1. ``harness.models.data``: HF batched greedy generation of the target (KV cache, 32 prompts a batch)
    over the shipped training prompts (Spec-Bench first turns and the grounded code edits, minus
    the first 4 of each category, held out: the default workload draws there), keeping the fp16
    concat of hidden states [2], [15], [27] at every position (what vLLM hands an EAGLE-3 head),
    and the target's greedy next token at every position, prompt positions included.
-2. ``models_eagle3.train``: the head in vLLM's layout with a 3-step training-time-test unroll,
+2. ``harness.models.eagle3.train``: the head in vLLM's layout with a 3-step training-time-test unroll,
    so draft positions 2 and 3 see their own outputs as at inference.
 3. ``train_draft``: a 2-layer Llama made of the target's layers 0 and 1, final norm and tied
    embedding (a layer-skip draft; the embedding stays the target's, not committed); only the
    layers and the norm train.
-4. ``models_eval``: each speculator's first-position top-1 agreement with the target on the
+4. ``harness.models.evaluate``: each speculator's first-position top-1 agreement with the target on the
    held-out default prompts, fed as vLLM feeds it.
 
 Everything is seeded; torch uses one thread (``harness.models.optim``) and the training budgets
@@ -161,8 +161,8 @@ def train_all(
     """Data, EAGLE-3 head (``budget_s`` CPU seconds) and draft (``draft_s``, default the same)
     from scratch into ``trained/``, then their offline first-position agreement with the target
     on the held-out default prompts (``harness.models.evaluate``); returns BUILD.json."""
-    from harness.models import eagle3 as models_eagle3
-    from harness.models import evaluate as models_eval
+    from harness.models import eagle3
+    from harness.models import evaluate as evaluation
 
     t_all, cpu_all = time.perf_counter(), time.process_time()
     sm.assemble()  # the target
@@ -186,9 +186,9 @@ def train_all(
     }
     out = out or sm.TRAINED_DIR
     out.mkdir(parents=True, exist_ok=True)
-    head, e_info = models_eagle3.train(model, data, vocab, seed, budget_s)
-    models_eagle3.save(
-        head, vocab, out, models_eagle3.head_config(model.config.to_dict(), len(vocab))
+    head, e_info = eagle3.train(model, data, vocab, seed, budget_s)
+    eagle3.save(
+        head, vocab, out, eagle3.head_config(model.config.to_dict(), len(vocab))
     )
     del head
     draft, d_info = train_draft(model, data, vocab, seed, budget_s if draft_s is None else draft_s)
@@ -198,7 +198,7 @@ def train_all(
     with tempfile.TemporaryDirectory() as tmp:  # what models build assembles from ``out``
         sm.assemble_draft(Path(tmp) / "draft", target, out)
         sm.assemble_eagle3(Path(tmp) / "eagle3", target, out)
-        held = models_eval.evaluate(target, Path(tmp) / "draft", Path(tmp) / "eagle3")
+        held = evaluation.evaluate(target, Path(tmp) / "draft", Path(tmp) / "eagle3")
     info = {
         "seed": seed,
         "wheel": sm.WHEEL,

@@ -77,7 +77,7 @@ class Lane:
 def can_rebuild(engine: str) -> bool:
     """Whether a new engine object is a fresh instance: in-process engines, and servers the
     harness starts itself (``managed``: a new server per start), not a remote server that keeps
-    running (``openai``)."""
+    running (a remote endpoint)."""
     from engines.base import engine_class
 
     caps = engine_class(engine).capabilities

@@ -132,7 +132,7 @@ class Session:
         lanes = [lane for lane in lanes if self._todo(lane)]
         built = self._built(0)
         try:
-            for i in build_order(len(lanes), self.plan.seed):  # seeded, recorded (design.py)
+            for i in build_order(len(lanes), self.plan.seed):  # seeded, recorded (core/design.py)
                 await self.start_lane(lanes[i])
                 if lanes[i].engine is not None:  # the record lists only engines built
                     built.append(lanes[i].name)
