@@ -179,3 +179,20 @@ def test_ray_address_without_ray_is_one_line() -> None:
     err = proc.stderr.strip()
     assert proc.returncode == 2 and err.count("\n") == 0, err
     assert "--ray-address needs Ray" in err and "pip install" in err
+
+
+def test_a_clock_uncertainty_above_a_tenth_of_the_ttft_is_said() -> None:
+    """harness.analysis.clocks: 2 ms of uncertainty against a 10 ms median TTFT is said (one
+    line naming the run); 0.5 ms is not; a run without client workers is not."""
+    from harness.analysis.clocks import clock_warnings
+    from harness.core.results import Cell, Run
+
+    cell = Cell("openai", "baseline", "throughput", {"concurrency": 4}, 8, 0, "w")
+    summary = {"ttft_s": {"median": 0.010}}
+
+    def run(worst: float | None) -> Run:
+        extra = {} if worst is None else {"client_workers": {"max_uncertainty_s": worst}}
+        return Run(cell, None, (), extra=extra)
+
+    said = clock_warnings([run(0.002), run(0.0005), run(None)], [summary] * 3)
+    assert len(said) == 1 and "2.0 ms" in said[0] and "10.0 ms" in said[0], said
