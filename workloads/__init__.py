@@ -31,10 +31,12 @@ __all__ = [
     "Workload",
     "WorkloadError",
     "available_workloads",
+    "conversation_workload",
     "fingerprint",
     "load_workload",
     "shipped_path",
     "synthetic_workload",
+    "trace_workload",
 ]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -63,9 +65,40 @@ SHIPPED: dict[str, tuple[str, str]] = {
 }
 
 
+# shipped files read by their own loaders (not prompt sets: load_workload does not take them)
+SHIPPED_TRACES: dict[str, tuple[str, str]] = {
+    "trace_tiny": (
+        "trace_tiny.jsonl",
+        "16 timed requests in Mooncake's format over 4.2 s, inputs 100-1800 tokens, sessions "
+        "sharing leading 512-token blocks (made by the project for the tests)",
+    ),
+}
+SHIPPED_CONVERSATIONS: dict[str, tuple[str, str]] = {
+    "conversations": (
+        "conversations.json",
+        "10 ShareGPT-format conversations of 2-3 user turns whose later turns ask to repeat or "
+        "rework the answer (made by the project for the tests)",
+    ),
+}
+
+
+def _resolve_in(spec: str | Path, table: Mapping[str, tuple[str, str]]) -> tuple[str, Path, str]:
+    s = str(spec)
+    if s in table:
+        p = DATA_DIR / table[s][0]
+        return s, p, str(p)
+    return _resolve(spec)
+
+
 def fingerprint(requests: tuple[Request, ...]) -> str:
-    """sha256 over the ids and prompts/messages, in order: equal iff the prompt sets are."""
-    rows = [[r.id, r.prompt, [dict(m) for m in r.messages or ()]] for r in requests]
+    """sha256 over the ids and prompts/messages (a trace's token ids, send times and lengths; a
+    conversation's later turns), in order: equal iff the prompt sets are."""
+    rows: list[list] = [[r.id, r.prompt, [dict(m) for m in r.messages or ()]] for r in requests]
+    for row, r in zip(rows, requests):  # a trace's ids and times, a conversation's later turns
+        if r.prompt is None and r.messages is None and r.prompt_token_ids is not None:
+            row += [list(r.prompt_token_ids), r.send_s, r.max_new_tokens]
+        if r.next_turns:
+            row.append(list(r.next_turns))
     blob = json.dumps(rows, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
@@ -169,6 +202,62 @@ def synthetic_workload(
     requests = make[name](synthetic.load_tokenizer(tokenizer), num_prompts, spec, seed)
     params = {**synthetic.describe(spec), "tokenizer": tokenizer}
     return Workload(name, "", name, requests, 0, num_prompts, seed, 0, params)
+
+
+def trace_workload(spec_path: str | Path, tokenizer: str, trace: Any) -> Workload:
+    """A Mooncake-format trace (:mod:`workloads.trace`) as token-id requests of ``tokenizer``,
+    each with its send offset; ``trace`` is a :class:`workloads.trace.TraceSpec`."""
+    from workloads import synthetic
+    from workloads.trace import fitted, ordinary_ids, read_trace, shared_prefix_tokens
+    from workloads.trace import trace_requests
+
+    name, path, shown = _resolve_in(spec_path, SHIPPED_TRACES)
+    lines = read_trace(path, shown, trace)
+    vocab = ordinary_ids(synthetic.load_tokenizer(tokenizer))
+    requests = trace_requests(lines, vocab, trace)
+    block = fitted(lines[0], trace)[1]
+    shared = shared_prefix_tokens(requests, block)
+    params = {
+        **trace.to_json(),
+        "tokenizer": tokenizer,
+        "fitted_block_size": block,
+        "span_s": requests[-1].send_s,
+        "input_tokens": sum(len(r.prompt_token_ids or ()) for r in requests),
+        "shared_prefix_tokens": sum(shared),
+        # per request id: the trace's shared prefix (harness.analysis.replay compares it with the
+        # prefix-cache hits the engine reports)
+        "shared_prefix_by_request": {r.id: n for r, n in zip(requests, shared)},
+    }
+    return Workload(name, str(path), "mooncake", requests, 0, len(requests), trace.seed, 0, params)
+
+
+def conversation_workload(
+    spec: str | Path,
+    *,
+    fmt: str | None = None,
+    num_prompts: int | None = None,
+    seed: int = 0,
+    min_turns: int = 2,
+    max_turns: int | None = None,
+) -> Workload:
+    """Multi-turn conversations (:mod:`workloads.conversations`): one request per conversation,
+    ``num_prompts`` of them drawn as :func:`load_workload` draws prompts (seeded, file order)."""
+    from workloads.conversations import read_conversations
+
+    name, path, shown = _resolve_in(spec, SHIPPED_CONVERSATIONS)
+    fmt, requests, skipped = read_conversations(
+        path, shown, fmt=fmt, min_turns=min_turns, max_turns=max_turns
+    )
+    if num_prompts is not None and num_prompts < len(requests):
+        keep = sorted(random.Random(seed).sample(range(len(requests)), num_prompts))
+        requests = tuple(requests[i] for i in keep)
+    params = {
+        "conversations": len(requests),
+        "min_turns": min_turns,
+        "max_turns": max_turns,
+        "turns": sum(1 + len(r.next_turns) for r in requests),
+    }
+    return Workload(name, str(path), fmt, requests, 0, num_prompts, seed, skipped, params)
 
 
 class Cycled(Sequence[Request]):

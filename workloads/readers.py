@@ -315,6 +315,8 @@ def detect_format(loc: Loc, obj: dict[str, Any]) -> str:
         return "native"
     if "prompt" in obj:
         return "vllm-custom"
+    if "hash_ids" in obj:
+        raise loc.error(None, "a Mooncake trace: use --dataset-name mooncake (or timed_trace)")
     keys = ", ".join(sorted(obj)) or "none"
     raise loc.error(None, f"cannot tell the format from the keys ({keys}); pass fmt")
 
