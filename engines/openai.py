@@ -382,11 +382,15 @@ class OpenAIEngine(OpenAIFlags, Engine):
             "top_p": params.top_p,
             "seed": params.seed,
         }
+        if endpoint == "chat" and request.prompt is None and request.messages is None:
+            raise RequestFailed("unsupported", "token-id prompts need endpoint 'completions'")
         if endpoint == "chat":
             msgs = request.messages or ({"role": "user", "content": request.prompt or ""},)
             body["messages"] = [dict(m) for m in msgs]
         elif request.messages is not None:
             raise RequestFailed("unsupported", "chat messages need endpoint 'chat'")
+        elif request.prompt is None and request.prompt_token_ids is not None:
+            body["prompt"] = list(request.prompt_token_ids)  # a trace: the ids, as they are
         else:
             body["prompt"] = request.prompt or ""
         if self.vllm_extras:

@@ -144,6 +144,7 @@ def build_llm(cfg: EngineConfig) -> tuple[Any, dict[str, Any], dict[str, Any], d
         "dtype": str(mc.dtype),
         "max_model_len": mc.max_model_len,
         "enable_prefix_caching": bool(cc.enable_prefix_caching),
+        "kv_block_size": cc.block_size,  # the prefix cache's unit (a replay's hits round to it)
     }
     if patched:
         facts["workarounds"] = patched

@@ -31,6 +31,7 @@ __all__ = [
     "Workload",
     "WorkloadError",
     "available_workloads",
+    "check_trace",
     "conversation_workload",
     "fingerprint",
     "load_workload",
@@ -208,8 +209,13 @@ def trace_workload(spec_path: str | Path, tokenizer: str, trace: Any) -> Workloa
     """A Mooncake-format trace (:mod:`workloads.trace`) as token-id requests of ``tokenizer``,
     each with its send offset; ``trace`` is a :class:`workloads.trace.TraceSpec`."""
     from workloads import synthetic
-    from workloads.trace import fitted, ordinary_ids, read_trace, shared_prefix_tokens
-    from workloads.trace import trace_requests
+    from workloads.trace import (
+        fitted,
+        ordinary_ids,
+        read_trace,
+        shared_prefix_tokens,
+        trace_requests,
+    )
 
     name, path, shown = _resolve_in(spec_path, SHIPPED_TRACES)
     lines = read_trace(path, shown, trace)
@@ -229,6 +235,15 @@ def trace_workload(spec_path: str | Path, tokenizer: str, trace: Any) -> Workloa
         "shared_prefix_by_request": {r.id: n for r, n in zip(requests, shared)},
     }
     return Workload(name, str(path), "mooncake", requests, 0, len(requests), trace.seed, 0, params)
+
+
+def check_trace(spec_path: str | Path, trace: Any) -> int:
+    """Read and validate a trace file without a tokenizer (before any model loads): the lines
+    the spec keeps; raises WorkloadError."""
+    from workloads.trace import read_trace
+
+    _, path, shown = _resolve_in(spec_path, SHIPPED_TRACES)
+    return len(read_trace(path, shown, trace))
 
 
 def conversation_workload(

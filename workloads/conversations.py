@@ -28,6 +28,18 @@ from workloads.readers import (
 )
 
 FORMATS = ("sharegpt", "specbench")
+SEP = "@t"  # a turn's request id: conversation id, SEP, turn (1-based)
+
+
+def turn_id(conversation: str, turn: int) -> str:
+    """The request id of a conversation's turn (1-based): ``C@tK``."""
+    return f"{conversation}{SEP}{turn}"
+
+
+def split_turn(request_id: str) -> tuple[str, int] | None:
+    """(conversation, turn) of a turn's request id, else None."""
+    head, sep, tail = request_id.rpartition(SEP)
+    return (head, int(tail)) if sep and head and tail.isdigit() else None
 
 
 def _text(loc: Loc, value: Any, field: str) -> str:
@@ -105,7 +117,9 @@ def read_conversations(
     out: list[Request] = []
     seen: dict[str, str] = {}
     skipped = 0
-    for index, (loc, obj) in enumerate((json_list_objects if is_list else jsonl_objects)(text, shown)):
+    for index, (loc, obj) in enumerate(
+        (json_list_objects if is_list else jsonl_objects)(text, shown)
+    ):
         if fmt is None:
             if "conversations" in obj:
                 fmt = "sharegpt"

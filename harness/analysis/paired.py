@@ -50,9 +50,8 @@ def deciding_metric(mode: str, load: Mapping[str, Any]) -> str:
     """The metric whose verdict is the point's verdict: tokens/s where the load is a closed loop
     (the harness keeps N in flight, so throughput is what it measures); E2E per request at an
     offered request rate, where tokens/s only echoes the arrival schedule."""
-    return (
-        "e2e" if mode == "throughput" and load.get("request_rate") is not None else "output_tok_s"
-    )
+    open_loop = load.get("request_rate") is not None or load.get("arrivals") == "trace"
+    return "e2e" if mode == "throughput" and open_loop else "output_tok_s"
 
 
 def _by_repeat(runs: list[Run]) -> dict[int, Run]:

@@ -37,6 +37,25 @@ def _speed_of_light(plan: RunPlan, runs: list[Run]) -> dict[str, Any] | None:
     return bound_for(plan.model, dtype.removeprefix("torch."), bandwidth, memory)
 
 
+def workload_analysis(plan: RunPlan, workload: Any, runs: list[Run]) -> dict[str, Any]:
+    """A trace replay's checks (``replay``) and a conversation run's per-turn table (``turns``),
+    each empty when the run was neither."""
+    from harness.analysis.replay import replay_tables
+    from harness.analysis.turns import turn_tables
+
+    params = getattr(workload, "params", None) or {}
+    asked = {
+        r.id: (len(r.prompt_token_ids or ()), r.max_new_tokens or 0) for r in workload.requests
+    }
+    shared = params.get("shared_prefix_by_request") or {}
+    return {
+        "replay": replay_tables(runs, plan.trace_schedule, asked, shared)
+        if plan.trace_schedule
+        else [],
+        "turns": turn_tables(runs, min_effect=plan.min_effect) if plan.conversations else [],
+    }
+
+
 def finalize(
     out: Path,
     plan: RunPlan,
@@ -87,6 +106,7 @@ def finalize(
         summaries=summaries,
         categories=results["workload"]["categories"],
     )
+    results |= workload_analysis(plan, workload, runs)
     atomic_write(out / "results.json", json.dumps(results, indent=1))
     from harness.report.table_csv import to_csv
 

@@ -23,6 +23,7 @@ from harness.cli.plan_flags import (
     resolve_models,
 )
 from harness.cli.preflight import output_dir
+from harness.cli.workload_flags import with_workload
 from harness.run.plan import RunPlan
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ def prepare(args: argparse.Namespace) -> Prepared:
     if workload is None:  # made with the target's tokenizer
         workload = load_dataset(args, plan.model)
     plan = replace(plan, workload_fingerprint=workload.fingerprint)
+    plan = with_workload(plan, workload, args)  # a replay's schedule, a conversation run
     return Prepared(plan, workload, out)
 
 

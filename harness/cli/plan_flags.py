@@ -11,6 +11,7 @@ from typing import Any
 
 from engines.base import REGISTRY, engine_class
 from engines.local_model import missing_path
+from harness.cli import workload_flags
 from harness.cli.options import UsageError, goodput, json_arg, kv_args, variant_urls
 from harness.cli.vllm_flags import api_root
 from harness.core.design import PER_BLOCK
@@ -105,7 +106,10 @@ def build_plan(
         spec_config=spec_config,
         baseline=not args.no_baseline,
         modes=modes,
-        concurrency=tuple(args.concurrency or ([] if args.request_rate else [DEFAULT_CONCURRENCY])),
+        concurrency=tuple(
+            args.concurrency
+            or ([] if args.request_rate or workload_flags.is_trace(args) else [DEFAULT_CONCURRENCY])
+        ),
         request_rates=tuple(args.request_rate or ()),
         burstiness=args.burstiness,
         max_new_tokens=tuple(args.max_new_tokens or [_default_length(args)]),
@@ -257,13 +261,14 @@ def resolve_dataset(args: argparse.Namespace) -> None:
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if args.dataset.synthetic:
+    if args.dataset.synthetic and args.dataset.fmt != "mooncake":
         from workloads.synthetic import parse_range_ratio
 
         parse_range_ratio(args.random_range_ratio)  # a bad ratio is reported before loading
         args.ignore_eos = True
         if args.num_prompts is None and args.duration is None:
             args.num_prompts = 1000
+    workload_flags.check(args)  # a trace replay's and --multi-turn's needs
 
 
 def load_dataset(args: argparse.Namespace, model: str) -> Any:
@@ -272,6 +277,9 @@ def load_dataset(args: argparse.Namespace, model: str) -> Any:
     from workloads.synthetic import PrefixRepetitionSpec, RandomSpec, parse_range_ratio
 
     choice = args.dataset
+    special = workload_flags.load(args, model)  # a trace or conversations
+    if special is not None:
+        return special
     if not choice.synthetic:
         return load_workload(
             choice.workload,

@@ -120,6 +120,10 @@ async def _execute(
     elif session.stop:
         status = f"stopped: {session.stop.reason}"
     design = session.design_record([f"{c.engine}/{label}" for label, c in configs])
+    if plan.conversations is not None and design.get("prefix_cache_description"):
+        from harness.run.conversations import CACHE_POLICY
+
+        design["prefix_cache_description"] += f"; {CACHE_POLICY}"
     results = finalize(out, plan, workload, runs, status, design=design, session=session_id)
     if plan.save_vllm_json:
         from harness.report.vllm_json import export_dir

@@ -13,8 +13,11 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-DATASETS = ("custom", "sharegpt", "spec_bench", "random", "prefix_repetition")
+DATASETS = (
+    "custom", "sharegpt", "spec_bench", "random", "prefix_repetition", "mooncake", "timed_trace"
+)  # fmt: skip
 SYNTHETIC = ("random", "prefix_repetition")
+TRACES = ("mooncake", "timed_trace")  # a trace's prompts are made with the target's tokenizer
 FILE_FORMATS = {"custom": "vllm-custom", "sharegpt": "sharegpt", "spec_bench": "specbench"}
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
 ENDPOINTS = {
@@ -111,7 +114,8 @@ def add_group(p: argparse.ArgumentParser) -> None:
         choices=DATASETS,
         help="custom, sharegpt, spec_bench read --dataset-path (spec_bench: the shipped set "
         "without one); random and prefix_repetition are made with the target's tokenizer "
-        "(default --num-prompts 1000, as vLLM) and imply --ignore-eos: their lengths are the point",
+        "(default --num-prompts 1000, as vLLM) and imply --ignore-eos: their lengths are the point; "
+        "mooncake (= timed_trace) replays a trace (see 'trace replay and conversations')",
     )
     v.add_argument("--dataset-path", default=None, help="the dataset file (= --workload FILE)")
     v.add_argument("--random-input-len", type=one, default=rnd.input_len, metavar="N")
@@ -194,6 +198,12 @@ def dataset_choice(
         if path is not None:
             raise ValueError(f"--dataset-name {name} is synthetic: it takes no --dataset-path")
         return DatasetChoice(name, None, True)
+    if name in TRACES:
+        if path is None:
+            raise ValueError(
+                f"--dataset-name {name} needs --dataset-path FILE (shipped: trace_tiny)"
+            )
+        return DatasetChoice(path, "mooncake", True)
     want = FILE_FORMATS.get(name or "")
     if fmt is not None and want is not None and fmt != want:
         raise ValueError(f"--workload-format {fmt} contradicts --dataset-name {name}")

@@ -115,7 +115,13 @@ def warmup_requests(requests: Sequence[Request], n: int, cap: int | None = None)
                 else tuple(
                     {**m, "content": _scramble(m.get("content", ""), k)} for m in src.messages
                 ),
-                prompt_token_ids=None,  # a synthetic prompt's ids: the scrambled text replaces them
+                # a synthetic prompt's ids: the scrambled text replaces them; a trace's (ids
+                # only): reversed, so no leading block is a measured prompt's
+                prompt_token_ids=None
+                if src.prompt is not None or src.prompt_token_ids is None
+                else tuple(reversed(src.prompt_token_ids)),
+                send_s=None,
+                block_ids=None,
                 max_new_tokens=src.max_new_tokens
                 if cap is None or src.max_new_tokens is None
                 else min(cap, src.max_new_tokens),

@@ -22,6 +22,7 @@ from harness.report.columns import (
     method_tag,
     percentile_columns,
 )
+from harness.report.workload_tables import workload_lines
 
 FOOTNOTE = (
     "Times are medians over all counted requests of all repeats; out tok/s is the median over "
@@ -165,6 +166,7 @@ def render(results: Mapping[str, Any]) -> str:
             table(THEORY, view),
         ]
     lines += category_lines(results.get("categories") or [])
+    lines += workload_lines(results)  # a trace replay's checks, a conversation run's turns
     cross = [crossover_line(x, comps) for x in results.get("crossover") or []]
     if cross:
         lines += ["", "## Crossover", "", *[f"- {x}" for x in cross]]

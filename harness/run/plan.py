@@ -10,6 +10,7 @@ from typing import Any
 from engines.base import SPEC_METHODS, EngineConfig, EngineError, Request, speculative_config
 from harness.core.design import AA_LABEL
 from harness.core.load import Concurrent, LoadStrategy, Poisson, Synchronous
+from harness.core.replay import TraceReplay
 from harness.core.results import Cell
 from workloads import Cycled
 
@@ -93,6 +94,10 @@ class RunPlan:
     save_vllm_json: bool = False
     result_filename: str | None = None
     resume: bool = False
+    # ---- a trace replay or conversations (harness.cli.workload_flags)
+    trace_schedule: tuple[float, ...] = ()  # each request's send offset (s, scaled): a replay
+    trace: Mapping[str, Any] | None = None  # how the trace was fitted (workloads.trace.TraceSpec)
+    conversations: Mapping[str, Any] | None = None  # multi-turn: think_time_s, max_turns
 
     # ---- engine configurations ---------------------------------------------------------------
     def spec_configs(self, engine_methods: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
@@ -151,6 +156,10 @@ class RunPlan:
     def strategies(self, mode: str) -> list[LoadStrategy]:
         if mode == "latency":
             return [Synchronous()]
+        if self.trace_schedule:  # the trace says when; --concurrency, if given, caps in flight
+            scale = float((self.trace or {}).get("time_scale", 1.0))
+            caps = list(self.concurrency) or [None]
+            return [TraceReplay(self.trace_schedule, scale, cap) for cap in caps]
         out: list[LoadStrategy] = []
         caps: list[int | None] = list(self.concurrency) or [None]
         if self.request_rates:

@@ -28,6 +28,7 @@ from harness.core.design import (
 )
 from harness.core.records import RequestRecord
 from harness.core.results import Cell, Run
+from harness.run.conversations import sender
 from harness.run.journal import Journal
 from harness.run.lanes import (
     Lane,
@@ -348,8 +349,9 @@ class Session:
             slot = replace(slot, t_start_s=self.clock() - self._t0)
             before, cache_before = await spec_counters(engine), cache_counters(engine)
             sampler = LoadSampler(engine, self.plan.sample_load_s)
+            send = sender(runner, self.plan.conversations)  # conversations: turn by turn
             async with sampler:
-                await runner.run(requests, params, p.strategy, duration=self.plan.duration)
+                await send(requests, params, p.strategy, duration=self.plan.duration)
             after, cache_after = await spec_counters(engine), cache_counters(engine)
             if before is not None and after is not None:
                 spec_metrics = (after - before).to_metrics()
