@@ -46,6 +46,7 @@ from engines.openai_options import (
     ENDPOINTS,
     OPTIONS,
     ignore_eos_unsent,
+    prompt_fields,
     read_api_key,
     split_base_url,
     validate_options,
@@ -318,11 +319,15 @@ class OpenAIEngine(OpenAIFlags, Engine):
         scrape fails: a partial sum would make a wrong delta.
         """
         scrapes = await self._scrape_all()
-        if scrapes is None or len({s.spec is None for s in scrapes}) > 1:
-            self._spec = None
-        else:
-            self._spec = prom.combine(scrapes).spec
+        total = prom.combine(scrapes or [])  # and vLLM's prefix-cache tokens, where every has them
+        self._prefix = total.prefix if scrapes and all(s.prefix for s in scrapes) else None
+        self._spec = (
+            None if scrapes is None or len({s.spec is None for s in scrapes}) > 1 else total.spec
+        )
         return self._spec
+
+    def prefix_cache_counters(self) -> dict[str, int] | None:
+        return getattr(self, "_prefix", None)  # the last refresh_metrics' (queries, hits)
 
     async def sample_load(self) -> dict[str, Any]:
         """Load gauges summed over replicas: ``num_requests_running``/``_waiting`` (None = unknown)."""
@@ -382,17 +387,7 @@ class OpenAIEngine(OpenAIFlags, Engine):
             "top_p": params.top_p,
             "seed": params.seed,
         }
-        if endpoint == "chat" and request.prompt is None and request.messages is None:
-            raise RequestFailed("unsupported", "token-id prompts need endpoint 'completions'")
-        if endpoint == "chat":
-            msgs = request.messages or ({"role": "user", "content": request.prompt or ""},)
-            body["messages"] = [dict(m) for m in msgs]
-        elif request.messages is not None:
-            raise RequestFailed("unsupported", "chat messages need endpoint 'chat'")
-        elif request.prompt is None and request.prompt_token_ids is not None:
-            body["prompt"] = list(request.prompt_token_ids)  # a trace: the ids, as they are
-        else:
-            body["prompt"] = request.prompt or ""
+        body.update(prompt_fields(request, endpoint))
         if self.vllm_extras:
             if self.token_ids:
                 body["return_token_ids"] = True

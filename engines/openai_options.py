@@ -10,6 +10,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 from engines.base import EngineError
+from engines.sse import RequestFailed
+from workloads.base import Request
 
 # option -> accepted types (None = may be left unset)
 OPTIONS: dict[str, tuple[type, ...]] = {
@@ -90,3 +92,20 @@ def read_api_key(opts: Mapping[str, Any]) -> str | None:
     else:
         key = os.environ.get(opts.get("api_key_env", "OPENAI_API_KEY"), "").strip()
     return key or None
+
+
+def prompt_fields(request: Request, endpoint: str) -> dict[str, Any]:
+    """The body's prompt: ``messages`` for the chat endpoint (a plain prompt as one user
+    message), else ``prompt``: the text, or a trace's token ids as they are (a request with ids
+    and no text; /v1/completions takes a list of ids)."""
+    ids_only = request.prompt is None and request.messages is None and request.prompt_token_ids
+    if ids_only:
+        if endpoint == "chat":
+            raise RequestFailed("unsupported", "token-id prompts need endpoint 'completions'")
+        return {"prompt": list(ids_only)}
+    if endpoint == "chat":
+        msgs = request.messages or ({"role": "user", "content": request.prompt or ""},)
+        return {"messages": [dict(m) for m in msgs]}
+    if request.messages is not None:
+        raise RequestFailed("unsupported", "chat messages need endpoint 'chat'")
+    return {"prompt": request.prompt or ""}

@@ -19,6 +19,8 @@ SPEC_PREFIX = "vllm:spec_decode_"
 _COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 _PER_POS = "num_accepted_tokens_per_pos"
 _GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+# prompt tokens the prefix cache was asked for and served (counters, as the in-process tap's)
+PREFIX = {"vllm:prefix_cache_queries": "queries", "vllm:prefix_cache_hits": "hits"}
 # the server's own view of latency: vLLM's histograms, by short name
 HISTOGRAMS = {
     "vllm:inter_token_latency_seconds": "itl",
@@ -36,6 +38,7 @@ class Scrape:
     waiting: float | None
     hist: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # name -> (sum, count)
     vllm: bool = False  # some series is named ``vllm:...`` (a sign the server is vLLM)
+    prefix: Mapping[str, int] = field(default_factory=dict)  # PREFIX's, when exposed
 
 
 def _base(name: str) -> str:
@@ -51,6 +54,7 @@ def parse_metrics(text: str) -> Scrape:
     per_pos: dict[int, float] = {}
     gauges: dict[str, float] = {}
     hist: dict[str, list[float]] = {}
+    prefix: dict[str, int] = {}
     seen_spec = vllm = False
     for family in text_string_to_metric_families(text):
         vllm = vllm or family.name.startswith("vllm:")
@@ -62,6 +66,8 @@ def parse_metrics(text: str) -> Scrape:
                 acc = hist.setdefault(short, [0.0, 0.0])
                 acc[s.name.endswith("_count")] += s.value
             name = _base(s.name)
+            if name in PREFIX:
+                prefix[PREFIX[name]] = prefix.get(PREFIX[name], 0) + int(s.value)
             if name in _GAUGES:
                 gauges[name] = gauges.get(name, 0.0) + s.value
             if not name.startswith(SPEC_PREFIX):
@@ -89,6 +95,7 @@ def parse_metrics(text: str) -> Scrape:
         waiting=gauges.get("vllm:num_requests_waiting"),
         hist={k: (v[0], v[1]) for k, v in hist.items()},
         vllm=vllm,
+        prefix=prefix if len(prefix) == len(PREFIX) else {},
     )
 
 
@@ -111,9 +118,12 @@ def combine(scrapes: Iterable[Scrape]) -> Scrape:
     running: float | None = None
     waiting: float | None = None
     hist: dict[str, tuple[float, float]] = {}
+    prefix: dict[str, int] = {}
     vllm = False
     for s in scrapes:
         vllm = vllm or s.vllm
+        for k, v in s.prefix.items():
+            prefix[k] = prefix.get(k, 0) + v
         for k, (total, n) in s.hist.items():
             t0, n0 = hist.get(k, (0.0, 0.0))
             hist[k] = (t0 + total, n0 + n)
@@ -123,7 +133,7 @@ def combine(scrapes: Iterable[Scrape]) -> Scrape:
             running = (running or 0.0) + s.running
         if s.waiting is not None:
             waiting = (waiting or 0.0) + s.waiting
-    return Scrape(spec, running, waiting, hist, vllm)
+    return Scrape(spec, running, waiting, hist, vllm, prefix)
 
 
 async def scrape(

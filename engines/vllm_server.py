@@ -271,6 +271,9 @@ class VLLMServerEngine(ManagedServerFlags, Engine):
     def max_batch(self) -> int | None:
         return None
 
+    def prefix_cache_counters(self) -> dict[str, int] | None:
+        return self.inner.prefix_cache_counters() if self.inner else None
+
     async def reset_prefix_cache(self) -> str:
         """See :meth:`OpenAIEngine.reset_prefix_cache` (the server runs in dev mode for it)."""
         if self.inner is None:

@@ -64,9 +64,10 @@ def _cell(runs: Sequence[Run], base: Sequence[Run] | None, min_effect: float) ->
 
 def turn_tables(runs: Sequence[Run], *, min_effect: float) -> list[dict[str, Any]]:
     """One entry per (engine/variant, point) whose records are conversation turns:
-    ``turns[k]`` (``"1"``, ``"2"``, ..., and ``"later"`` = 2 and after) with its requests,
-    median TTFT and TPOT (s), mean output tokens, median prompt tokens, acceptance, and
-    ``speedup[metric]`` over the same engine's baseline (None for the baseline itself)."""
+    ``turns[k]`` (``"1"``, ``"2"``, ..., and ``"later"`` = 2 and after, when there is a turn 3)
+    with its requests, median TTFT and TPOT (s), mean output tokens, median prompt tokens,
+    acceptance, and ``speedup[metric]`` over the same engine's baseline (None for the
+    baseline itself)."""
     groups = group_runs(runs)
     out = []
     for (engine, label, *point), group in groups.items():
@@ -78,7 +79,7 @@ def turn_tables(runs: Sequence[Run], *, min_effect: float) -> list[dict[str, Any
         cells: dict[str, Any] = {}
         for key, keep in [
             *((str(k), (lambda t, k=k: t == k)) for k in found),
-            *([(LATER, lambda t: t is not None and t >= 2)] if len(found) > 1 else []),
+            *([(LATER, lambda t: t is not None and t >= 2)] if len(found) > 2 else []),
         ]:
             b = None if base is None else _only(base, keep)
             cells[key] = _cell(_only(group, keep), b, min_effect)
