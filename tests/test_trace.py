@@ -43,22 +43,23 @@ def test_equal_hash_ids_give_equal_blocks_and_lengths_as_asked(tmp_path: Path) -
             line(5, 30, 4, [7, 8, 9]),
             line(9, 12, 2, [5, 8]),
             line(9, 3, 1, [7]),
+            line(9, 10, 1, [8]),
         ],
     )
     w = trace_workload(p, TINY, TraceSpec(block_size=10))
-    a, b, c, d = (r.prompt_token_ids for r in w.requests)
-    assert [len(x) for x in (a, b, c, d)] == [20, 30, 12, 3]  # cut to input_length
+    a, b, c, d, e = (r.prompt_token_ids for r in w.requests)
+    assert [len(x) for x in (a, b, c, d, e)] == [20, 30, 12, 3, 10]  # cut to input_length
     assert b[:20] == a and d == a[:3]  # equal leading ids: equal tokens
-    assert c[10:12] == a[10:12]  # hash id 8 is the same block wherever it sits
+    assert c[10:12] == a[10:12] and e == a[10:20]  # hash id 8: one block wherever it sits
     assert c[:10] != a[:10]  # another id, another block
-    assert [r.max_new_tokens for r in w.requests] == [4, 4, 2, 1]
+    assert [r.max_new_tokens for r in w.requests] == [4, 4, 2, 1, 1]
     assert all(r.prompt is None and r.messages is None for r in w.requests)  # ids, no text
     blocks = BlockTokens(list(range(3, 100)), seed=0)
     assert blocks.block(8, 10) == BlockTokens(list(range(3, 100)), seed=0).block(8, 10)
     assert blocks.block(8, 10) != BlockTokens(list(range(3, 100)), seed=1).block(8, 10)
     # shared prefix: what each request shares with an earlier one (known by construction)
-    assert shared_prefix_tokens(w.requests, 10) == [0, 20, 0, 3]
-    assert w.params["shared_prefix_by_request"] == {"0": 0, "1": 20, "2": 0, "3": 3}
+    assert shared_prefix_tokens(w.requests, 10) == [0, 20, 0, 3, 0]  # a prefix, not a block
+    assert w.params["shared_prefix_by_request"] == {"0": 0, "1": 20, "2": 0, "3": 3, "4": 0}
 
 
 def test_fitting_options_time_scale_input_cap_slices(tmp_path: Path) -> None:
@@ -206,3 +207,42 @@ def check_trace_path() -> Path:
     from workloads import DATA_DIR, SHIPPED_TRACES
 
     return DATA_DIR / SHIPPED_TRACES["trace_tiny"][0]
+
+
+def test_http_body_sends_a_traces_ids_as_the_prompt() -> None:
+    """/v1/completions takes a list of ids: a trace's request (ids, no text) sends them as they
+    are; a synthetic request (text and ids) keeps sending its text; chat cannot carry ids."""
+    from engines.openai_options import prompt_fields
+    from engines.sse import RequestFailed
+    from workloads.base import Request
+
+    trace = Request("0", prompt_token_ids=(5, 6, 7))
+    assert prompt_fields(trace, "completions") == {"prompt": [5, 6, 7]}
+    with pytest.raises(RequestFailed, match="token-id prompts need endpoint 'completions'"):
+        prompt_fields(trace, "chat")
+    synthetic = Request("1", prompt="text", prompt_token_ids=(1, 2))
+    assert prompt_fields(synthetic, "completions") == {"prompt": "text"}
+
+
+@pytest.mark.slow
+def test_replay_through_vllm_server_sends_ids_and_reads_its_cache_hits(
+    tiny_pair, tmp_path, capsys
+) -> None:
+    """The same trace through a vLLM server the harness starts: the ids reach it (its prompt
+    token counts are the trace's lengths), and its /metrics prefix-cache hits lie within one
+    trace block per request of the trace's shared prefix (its KV block is not read)."""
+    out = tmp_path / "out"
+    ran = run_harness(
+        ["--engine", "vllm-server", "--model", "tiny", "--dataset-name", "timed_trace",
+         "--dataset-path", "trace_tiny", "--timed-trace-sec-multiplier", "0.001", "--repeats",
+         "1", "--warmup", "1", "--output-dir", str(out), "--no-plots", "--quiet"],
+        capsys,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    res = json.loads((out / "results.json").read_text())
+    assert res["config"]["trace"]["time_scale"] == 1.0
+    (entry,) = res["replay"]
+    assert entry["sent"] == 16 and entry["input_as_asked"] == entry["output_as_asked"] == 16
+    assert len(entry["send_lag_ms_by_request"]) == 16
+    pc = entry["prefix_cache"]
+    assert pc["trace_shared_tokens"] - 16 * 512 <= pc["hits"] <= pc["trace_shared_tokens"]
