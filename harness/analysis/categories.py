@@ -23,14 +23,18 @@ from harness.analysis.paired import (
 )
 from harness.core.records import RequestRecord
 from harness.core.results import Run, group_runs
+from workloads.conversations import split_turn
 
 OVERALL = "overall"
 METRIC = "output_tok_s"  # latency mode's deciding metric
 
 
 def base_id(request_id: str) -> str:
-    """The workload id of a request (a cycled copy ``ID~K`` is prompt ``ID``)."""
-    return request_id.split("~", 1)[0]
+    """The workload id of a request (a cycled copy ``ID~K`` is prompt ``ID``; a conversation's
+    turn ``ID@tK`` is conversation ``ID``)."""
+    head = request_id.split("~", 1)[0]
+    turn = split_turn(head)
+    return head if turn is None else turn[0]
 
 
 def _only(runs: Sequence[Run], ids: set[str]) -> list[Run]:

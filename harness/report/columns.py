@@ -83,7 +83,9 @@ def sanity_text(s: Mapping[str, Any] | None) -> str:
 def load_label(load: Mapping[str, Any]) -> str:
     if load.get("arrivals") == "trace":  # harness.core.replay
         cap = f", cap {load['concurrency']}" if load.get("concurrency") else ""
-        return f"trace replay x{load.get('time_scale', 1.0):g} ({load.get('requests')} requests{cap})"
+        return (
+            f"trace replay x{load.get('time_scale', 1.0):g} ({load.get('requests')} requests{cap})"
+        )
     if "request_rate" in load:
         cap = f", cap {load['concurrency']}" if load.get("concurrency") else ""
         return f"{load['request_rate']:g} req/s{cap}"

@@ -197,8 +197,8 @@ class RunPlan:
         throughput mode, or without end under ``duration`` (the runner stops sending then)."""
         requests = self.resolve_lengths(point, requests)
         cap = point.strategy.max_concurrency
-        if point.mode != "throughput" or not requests:
-            return requests
+        if point.mode != "throughput" or not requests or self.trace_schedule:
+            return requests  # a trace: its own lines, each once
         if self.duration is not None:
             rate = getattr(point.strategy, "rate", 0.0)
             return Cycled(requests, max(100_000, int(rate * self.duration * 3)), self.seed)
