@@ -81,9 +81,7 @@ class RunPlan:
     # ---- how the session runs
     interleave: bool = True  # rotated interleaving (harness.core.design); False: --sequential
     warmup_tokens: int | None = None  # cap on a warm-up request's new tokens (None: the point's)
-    instances: str | None = (
-        None  # harness.core.design.INSTANCES; None: per engine (rebuild_per_block)
-    )
+    instances: str | None = None  # harness.core.design.INSTANCES; None: per engine (rebuild_per_block)
     sample_load_s: float | None = None  # sample server gauges this often during runs
     max_error_rate: float | None = None  # stop the run once this share of requests failed
     # ---- analysis and output (never change a measurement)
