@@ -39,6 +39,7 @@ class Scrape:
     hist: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # name -> (sum, count)
     vllm: bool = False  # some series is named ``vllm:...`` (a sign the server is vLLM)
     prefix: Mapping[str, int] = field(default_factory=dict)  # PREFIX's, when exposed
+    kv_block_size: int | None = None  # vllm:cache_config_info's block_size label
 
 
 def _base(name: str) -> str:
@@ -55,6 +56,7 @@ def parse_metrics(text: str) -> Scrape:
     gauges: dict[str, float] = {}
     hist: dict[str, list[float]] = {}
     prefix: dict[str, int] = {}
+    block = None
     seen_spec = vllm = False
     for family in text_string_to_metric_families(text):
         vllm = vllm or family.name.startswith("vllm:")
@@ -66,6 +68,8 @@ def parse_metrics(text: str) -> Scrape:
                 acc = hist.setdefault(short, [0.0, 0.0])
                 acc[s.name.endswith("_count")] += s.value
             name = _base(s.name)
+            if name == "vllm:cache_config_info" and str(s.labels.get("block_size", "")).isdigit():
+                block = int(s.labels["block_size"])
             if name in PREFIX:
                 prefix[PREFIX[name]] = prefix.get(PREFIX[name], 0) + int(s.value)
             if name in _GAUGES:
@@ -96,6 +100,7 @@ def parse_metrics(text: str) -> Scrape:
         hist={k: (v[0], v[1]) for k, v in hist.items()},
         vllm=vllm,
         prefix=prefix if len(prefix) == len(PREFIX) else {},
+        kv_block_size=block,
     )
 
 

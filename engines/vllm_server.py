@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 import aiohttp
 
+from engines import prom
 from engines.base import (
     SPEC_METHODS,
     Capabilities,
@@ -207,6 +208,7 @@ class VLLMServerEngine(ManagedServerFlags, Engine):
             await asyncio.wait_for(self._wait_healthy(), self.start_timeout)
             self.inner = OpenAIEngine(self._inner_config(self.config, self.base_url))
             await self.inner.start()
+            self.kv_block_size = await self._kv_block_size()
         except asyncio.TimeoutError:
             await self.close()
             raise EngineError(
@@ -230,6 +232,7 @@ class VLLMServerEngine(ManagedServerFlags, Engine):
             "cpu_defaults": self.cpu,
             "defaults_chosen": dict(self.defaults),
             "kill_grace_s": self.kill_grace,
+            "kv_block_size": getattr(self, "kv_block_size", None),
             **{k: v for k, v in inner.items() if k not in ("base_urls", "api_key_env")},
         }
 
@@ -344,6 +347,17 @@ class VLLMServerEngine(ManagedServerFlags, Engine):
         fd, path = tempfile.mkstemp(prefix=f"{self.name}-", suffix=".log")
         os.close(fd)
         return path
+
+    async def _kv_block_size(self) -> int | None:
+        """The server's KV block (``vllm:cache_config_info``): a trace replay's cache hits
+        round to it (harness.analysis.replay); None when /metrics does not say."""
+        timeout = aiohttp.ClientTimeout(total=10)
+        try:
+            async with aiohttp.ClientSession() as session:
+                scrape = await prom.scrape(session, f"http://127.0.0.1:{self.port}", timeout)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return None
+        return scrape.kv_block_size
 
     async def _wait_healthy(self) -> None:
         url = f"http://127.0.0.1:{self.port}/health"
