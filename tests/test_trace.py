@@ -247,3 +247,24 @@ def test_replay_through_vllm_server_sends_ids_and_reads_its_cache_hits(
     pc = entry["prefix_cache"]
     assert pc["kv_block_size"] and pc["within_block_size"] is True
     assert pc["hits"] == pc["expected_hits"] and pc["policy"] == "reset"
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--mode", "latency"], "a trace replay is open loop"),
+        (["--request-rate", "2"], "drop --request-rate/--duration"),
+        (["--max-new-tokens", "8"], "output lengths are its own"),
+        (["--multi-turn"], "--multi-turn takes conversations, not a trace"),
+        (["--trace-window", "5:1"], "--trace-window: expected 0 <= START < END"),
+        (["--trace-time-scale", "2", "--timed-trace-sec-multiplier", "0.001"], "not both"),
+    ],
+)
+def test_replay_flag_clashes_are_one_line(flags, says, capsys) -> None:
+    ran = run_harness(
+        ["--engine", "vllm", "--model", "tiny", "--dataset-name", "mooncake", "--dataset-path",
+         "trace_tiny", *flags],
+        capsys,
+    )  # fmt: skip
+    err = [x for x in ran.stderr.splitlines() if x.strip()]
+    assert ran.returncode == 2 and len(err) == 1 and says in err[0]

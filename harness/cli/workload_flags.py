@@ -140,6 +140,8 @@ def check(args: argparse.Namespace) -> None:
             raise UsageError(
                 "a trace replay sends at the trace's times: drop --request-rate/--duration"
             )
+        if args.max_new_tokens:
+            raise UsageError("a trace's output lengths are its own: drop --max-new-tokens")
         from workloads import check_trace
 
         check_trace(args.dataset.workload, trace_spec(args))  # a bad line: before models load
@@ -147,6 +149,10 @@ def check(args: argparse.Namespace) -> None:
         args.ignore_eos = True  # output_length is forced
         return
     if args.multi_turn:
+        if args.turn:
+            raise UsageError(
+                "--multi-turn sends every turn: drop --turn (--max-turns: the first N)"
+            )
         if args.dataset.synthetic:
             raise UsageError("--multi-turn needs conversations (a ShareGPT file or specbench)")
         if args.duration:
