@@ -173,6 +173,12 @@ def compare(argv: Sequence[str]) -> int:
     )
     rest = {k: v for k, v in files[0].items() if k not in KEYS and k != "upgraded_from"}
     joined = {**rest, "runs": runs_json, **derived}
+    for key in ("replay", "turns"):  # each file's own trace checks and turn tables, tagged
+        joined[key] = [
+            {**e, "name": e["name"].replace("/", f"@{tag}/", 1)}
+            for tag, f in zip(_tags(args.results), files)
+            for e in f.get(key) or []
+        ]
     if args.json:
         atomic_write(Path(args.json), json.dumps(joined, indent=1))
     print(render(joined))
