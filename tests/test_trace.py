@@ -268,3 +268,13 @@ def test_replay_flag_clashes_are_one_line(flags, says, capsys) -> None:
     )  # fmt: skip
     err = [x for x in ran.stderr.splitlines() if x.strip()]
     assert ran.returncode == 2 and len(err) == 1 and says in err[0]
+
+
+def test_trace_and_turn_flags_without_their_workload_are_refused(capsys) -> None:
+    for flags, says in (
+        (["--trace-time-scale", "0.5"], "--trace-time-scale applies to --dataset-name mooncake"),
+        (["--think-time", "1"], "--think-time applies to --multi-turn"),
+    ):
+        ran = run_harness(["--engine", "vllm", "--model", "tiny", *flags], capsys)
+        err = [x for x in ran.stderr.splitlines() if x.strip()]
+        assert ran.returncode == 2 and len(err) == 1 and says in err[0]

@@ -131,6 +131,7 @@ def check(args: argparse.Namespace) -> None:
     is resolved): a replay is open loop (throughput mode, EOS ignored, no --request-rate)."""
     if args.think_time < 0:
         raise UsageError("--think-time: must be >= 0")
+    _unused(args)
     if is_trace(args):
         if args.multi_turn:
             raise UsageError("--multi-turn takes conversations, not a trace")
@@ -159,6 +160,29 @@ def check(args: argparse.Namespace) -> None:
             raise UsageError("--multi-turn: each conversation runs to its end; drop --duration")
         if getattr(args, "client_workers", 1) > 1:
             raise UsageError("--multi-turn: the conversation driver sends from one process")
+
+
+# flag -> (its default, what it needs): a flag that would be ignored is refused instead
+NEEDS = {
+    "trace_block_size": (512, "a trace"),
+    "trace_time_scale": (None, "a trace"),
+    "timed_trace_sec_multiplier": (None, "a trace"),
+    "trace_input_scale": (1.0, "a trace"),
+    "trace_max_input_len": (None, "a trace"),
+    "trace_window": (None, "a trace"),
+    "think_time": (0.0, "--multi-turn"),
+    "max_turns": (None, "--multi-turn"),
+}
+
+
+def _unused(args: argparse.Namespace) -> None:
+    for key, (default, needs) in NEEDS.items():
+        given = getattr(args, key, default) != default
+        has = is_trace(args) if needs == "a trace" else args.multi_turn
+        if given and not has:
+            flag = "--" + key.replace("_", "-")
+            what = "--dataset-name mooncake (a trace)" if needs == "a trace" else needs
+            raise UsageError(f"{flag} applies to {what}")
 
 
 def load(args: argparse.Namespace, model: str) -> Any:
