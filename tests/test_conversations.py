@@ -245,3 +245,22 @@ def test_multi_turn_ngram_on_vllm_prints_the_turn_table(tiny_pair, tmp_path, cap
     assert t2 > t1
     assert "## By turn" in ran.stdout and "TPOT speedup" in ran.stdout
     assert "each its own cache salt" in res["design"]["prefix_cache_description"]
+    # the real engine got each variant's own answer: turn 2's prompt token count is that of
+    # the chat template over turn 1 and the answer this run recorded for turn 1
+    from transformers import AutoTokenizer
+
+    from engines.local_model import prompt_ids
+    from harness.run.conversations import history
+
+    tok = AutoTokenizer.from_pretrained(tiny_pair[0])
+    convs = {c.id: c for c in conversation_workload("conversations").requests}
+    for run in res["runs"]:
+        recs = {r["id"]: r for r in run["records"] if not r["warmup"]}
+        checked = 0
+        for cid in {split_turn(i)[0] for i in recs}:
+            answer = recs[turn_id(cid, 1)]["output_text"]
+            want = history(convs[cid], [answer], 2)
+            n = len(prompt_ids(tok, Request("x", messages=want))[0])
+            assert recs[turn_id(cid, 2)]["prompt_tokens"] == n
+            checked += 1
+        assert checked == 8
