@@ -278,3 +278,28 @@ def test_trace_and_turn_flags_without_their_workload_are_refused(capsys) -> None
         ran = run_harness(["--engine", "vllm", "--model", "tiny", *flags], capsys)
         err = [x for x in ran.stderr.splitlines() if x.strip()]
         assert ran.returncode == 2 and len(err) == 1 and says in err[0]
+
+
+def test_server_metrics_give_prefix_cache_tokens_and_the_kv_block() -> None:
+    """vLLM's /metrics: prefix-cache queries and hits (summed over engines and replicas) and
+    the KV block size from cache_config_info, which a replay over HTTP compares against."""
+    from engines.prom import combine, parse_metrics
+
+    page = (
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="128",engine="0"} 1.0\n'
+        "# TYPE vllm:prefix_cache_queries counter\n"
+        'vllm:prefix_cache_queries_total{engine="0"} 1000.0\n'
+        'vllm:prefix_cache_queries_total{engine="1"} 500.0\n'
+        "# TYPE vllm:prefix_cache_hits counter\n"
+        'vllm:prefix_cache_hits_total{engine="0"} 256.0\n'
+    )
+    s = parse_metrics(page)
+    assert s.kv_block_size == 128 and s.prefix == {"queries": 1500, "hits": 256}
+    assert combine([s, s]).prefix == {"queries": 3000, "hits": 512}
+    assert (
+        parse_metrics(
+            "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n"
+        ).prefix
+        == {}
+    )
