@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -77,7 +78,8 @@ def _convs() -> list[Request]:
 def drive(engine: Answering, clock: FakeClock, strategy: Any, think: float = 0.0) -> list:
     runner = Runner(engine, clock=clock, sleep=clock.sleep)
     driver = Conversations(runner, {"think_time_s": think})
-    return asyncio.run(driver.run(_convs(), GenParams(max_new_tokens=4), strategy))
+    convs = [replace(c, max_new_tokens=4) for c in _convs()]
+    return asyncio.run(driver.run(convs, GenParams(), strategy))
 
 
 def test_turn_two_carries_the_variants_own_turn_one_answer() -> None:
