@@ -116,13 +116,21 @@ def test_results_json_has_the_schema(hf_run):
 def test_summary_is_printed_and_report_rebuilds_it(hf_run):
     out, proc = hf_run
     summary = (out / "summary.md").read_text()
-    assert "hf/draft_model" in summary and "accept rate" in summary
+    assert summary.startswith("# Answer: ") and "hf/draft_model" in summary and "accept" in summary
     assert summary.split("## Plots")[0].strip() in proc.stdout
-    again = harness("report", str(out / "results.json"))
+    assert ".png)" not in proc.stdout  # no image links on a terminal
+    html = (out / "report.html").read_text()
+    assert "hf/draft_model" in html and "<svg" in html
+    pngs = ("speedup_vs_load.png", "distributions_0.png", "acceptance_by_position.png")
+    for png in pngs:
+        assert (out / png).stat().st_size > 1000 and f"({png})" in summary
+        (out / png).unlink()
+    (out / "report.html").unlink()
+    again = harness("report", str(out / "results.json"))  # redraws everything from the JSON
     assert again.returncode == 0
     assert again.stdout.strip() == summary.split("## Plots")[0].strip()
-    for png in ("latency_cdf.png", "acceptance_by_position.png"):
-        assert (out / png).stat().st_size > 1000 and f"({png})" in summary
+    assert all((out / png).stat().st_size > 1000 for png in pngs)
+    assert (out / "report.html").read_text().count("<svg") == html.count("<svg")
 
 
 def test_every_number_of_the_real_summary_is_in_results_json(hf_run):
@@ -150,6 +158,35 @@ def test_compare_two_files_and_refuse_different_prompts(hf_run, tmp_path):
     assert bad.returncode == 2 and "different prompt sets" in bad.stderr and "--force" in bad.stderr
     forced = harness("compare", str(out / "results.json"), str(other), "--force")
     assert forced.returncode == 0
+    joined = out.parent / f"compare-{out.name}-b" / "report.html"  # beside the first dir
+    assert "hf@b/ngram" in joined.read_text()
+
+
+def test_the_real_report_html_in_a_browser(hf_run, tmp_path):
+    """The real run's report.html, offline in headless Chromium (tests/test_report_html.py has
+    the checks in full): the stored answer shown, a row per variant, no console error."""
+    from tests.browser import Browser, find
+
+    if find() is None:
+        pytest.skip("no Chromium on PATH: bin/browser installs Debian's chromium")
+    out, _ = hf_run
+    res = json.loads((out / "results.json").read_text())
+    b = Browser(find())
+    try:
+        b.open(out / "report.html")
+        answer = b.eval("document.querySelector('#answer').innerText")
+        assert res["answer"]["speculation"] and all(
+            e["candidate"] in answer for e in res["answer"]["speculation"]
+        )
+        shown = b.eval(
+            "Array.from(document.querySelectorAll('tr[data-variant]'), t => t.dataset.variant)"
+        )
+        assert set(res["answer"]["variants"]) <= set(shown)
+        b.screenshot(tmp_path / "report.png")
+        assert b.errors() == []
+        assert all(u.startswith(("file:", "data:")) for u in b.requests())
+    finally:
+        b.close()
 
 
 def test_sigint_keeps_finished_records_and_resume_finishes(tmp_path, tiny_pair):

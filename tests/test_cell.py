@@ -83,7 +83,7 @@ def test_schema_2_results_get_model_and_temperature_from_their_config(tmp_path: 
     assert all(r["key"] == Run.from_json(r).cell.key for r in data["runs"])
     from harness.report.plots import draw
 
-    assert "png" in draw(data, tmp_path)  # the views read the longer cells too
+    assert "png" in draw(data, tmp_path).markdown  # the views read the longer cells too
     assert {k: data[k] for k in ("rows", "comparisons")} == {
         k: old[k] for k in ("rows", "comparisons")
     }

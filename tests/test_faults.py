@@ -343,7 +343,8 @@ def test_token_ids_asked_only_when_the_run_compares_outputs(tmp_path, capsys):
     )
     md = (out / "summary.md").read_text()
     assert "openai/baseline: no token ids (output tokens from server usage)" in md
-    assert "| repetition n/a " in md  # not "none": loops were not looked for
+    html = (out / "report.html").read_text()  # the full column set
+    assert "<td>repetition n/a</td>" in html  # not "none": loops were not looked for
     res, out, bodies = runs["two"]
     assert all(r.body["return_token_ids"] is True for r in bodies)
     assert {r["engine_info"]["token_ids_asked"] for r in res["runs"]} == {True}
@@ -354,7 +355,7 @@ def test_token_ids_asked_only_when_the_run_compares_outputs(tmp_path, capsys):
     res, out, bodies = runs["off"]
     assert not any("return_token_ids" in r.body for r in bodies)
     assert [c["status"] for c in res["lossless"]] == ["n/a (no token ids)"]
-    assert "| n/a (no token ids)" in (out / "summary.md").read_text()
+    assert "<td>n/a (no token ids)</td>" in (out / "report.html").read_text()
 
 
 def test_one_variant_on_a_speculating_server_asks_for_token_ids(tmp_path, capsys):

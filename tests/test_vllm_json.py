@@ -158,7 +158,7 @@ def test_tables_show_asked_percentiles_and_a_short_peak_in_flight() -> None:
     res["config"]["percentile_metrics"] = ["ttft", "e2el"]
     md = render({**res, **analyze(runs, min_effect=0.02, percentiles=(50, 99.9))})
     # the records never overlap: 1 in flight although 4 were asked
-    assert "vllm/baseline: peak in flight 1 < the asked concurrency 4" in md
+    assert "vllm/baseline, concurrency 4: peak in flight 1 < 4 asked" in md
     assert "TTFT p99.9 ms" in md and "E2EL p50 ms" in md and "TPOT p99.9" not in md
     res["config"]["percentile_metrics"] = []
     assert "p99.9" not in render({**res, **analyze(runs, min_effect=0.02)})

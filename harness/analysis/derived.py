@@ -8,7 +8,9 @@ Layout (each list in a stable order that the markdown follows):
   with the index of its deciding comparison and of its lossless check;
 * ``comparisons``: paired comparisons (:func:`harness.analysis.paired.comparisons`), each with its ``id``;
 * ``lossless``: the output check of each compared pair at each point;
-* ``theory``, ``crossover``, ``speed_of_light``, ``not_run``.
+* ``theory``, ``crossover``, ``speed_of_light``, ``not_run``;
+* ``answer``: the answer block read first (:mod:`harness.analysis.answer`);
+* ``distributions``: latency quantiles per configuration and point, for the plots.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from harness.analysis.answer import reading
 from harness.analysis.categories import category_tables
 from harness.analysis.crossover import crossover
 from harness.analysis.paired import comparisons, deciding_metric
@@ -34,6 +37,8 @@ KEYS = (
     "speed_of_light",
     "not_run",
     "categories",
+    "answer",
+    "distributions",
 )
 
 
@@ -89,7 +94,7 @@ def analyze(
         head = _deciding(comps, row)
         row["comparison"] = None if head is None else head["id"]
         row["lossless"] = None if head is None else head["lossless"]
-    return {
+    out = {
         "rows": rows,
         "comparisons": comps,
         "lossless": checks,
@@ -100,6 +105,7 @@ def analyze(
         # request id -> category (the workload's): Spec-Bench's per-category table
         "categories": category_tables(runs, categories or {}, min_effect=min_effect),
     }
+    return out | reading(out, runs)
 
 
 def _deciding(comps: Sequence[dict[str, Any]], row: Mapping[str, Any]) -> dict[str, Any] | None:

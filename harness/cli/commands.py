@@ -52,12 +52,23 @@ def load_results(path: str) -> dict[str, Any]:
     if version == 2:  # before runs named their model and temperature: the config's
         config = data.get("config") or {}
         runs = [with_config(r, config) for r in data["runs"]]
-        return {**data, "runs": runs, "schema_version": SCHEMA_VERSION}
+        return with_reading({**data, "runs": runs, "schema_version": SCHEMA_VERSION})
     if version != SCHEMA_VERSION:
         raise UsageError(
             f"{p}: results schema {version!r}; this version reads 1 to {SCHEMA_VERSION}"
         )
-    return data
+    return with_reading(data)
+
+
+def with_reading(data: dict[str, Any]) -> dict[str, Any]:
+    """A file written before the answer block and the stored distributions, with both derived
+    from its stored analysis and runs (a file that has them is returned as it is)."""
+    if "answer" in data and "distributions" in data:
+        return data
+    from harness.analysis.answer import reading
+    from harness.core.results import Run
+
+    return {**data, **reading(data, [Run.from_json(r) for r in data.get("runs", [])])}
 
 
 def upgrade(data: dict[str, Any]) -> dict[str, Any]:
@@ -104,17 +115,34 @@ def _argv_temperature(data: dict[str, Any]) -> float | None:
     return 0.0 if argv else None
 
 
+def _results_dir(path: str) -> Path:
+    p = Path(path)
+    return p if p.is_dir() else p.parent
+
+
 def report(argv: Sequence[str]) -> int:
-    from harness.report.markdown import render
+    """summary.md, summary.csv, report.html and the plots regenerated from a results file."""
+    from harness.report.views import write_views
 
     p = Parser(prog="python -m harness report")
     p.add_argument("results", help="results.json (or the directory holding it)")
     p.add_argument("--output", default=None, help="also write the markdown to this file")
+    p.add_argument(
+        "--output-dir",
+        default=None,
+        help="where summary.md, summary.csv, report.html and the plots go "
+        "(default: the directory holding the results file)",
+    )
+    p.add_argument("--no-plots", action="store_true", help="skip the plots (faster)")
     args = p.parse_args(argv)
-    md = render(load_results(args.results))
+    results = load_results(args.results)
+    out = Path(args.output_dir) if args.output_dir else _results_dir(args.results)
+    out.mkdir(parents=True, exist_ok=True)
+    md = write_views(results, out, plots=not args.no_plots, write=atomic_write)
     if args.output:
         Path(args.output).write_text(md)
     print(md)
+    print(f"[harness] wrote {out / 'summary.md'} and {out / 'report.html'}", file=sys.stderr)
     return 0
 
 
@@ -122,7 +150,7 @@ def compare(argv: Sequence[str]) -> int:
     """Runs of several results files side by side: every file's runs joined, then compared."""
     from harness.analysis.derived import KEYS, analyze
     from harness.core.results import Run
-    from harness.report.markdown import render
+    from harness.report.views import write_views
 
     p = Parser(prog="python -m harness compare")
     p.add_argument("results", nargs="+", help="two or more results.json files")
@@ -130,6 +158,10 @@ def compare(argv: Sequence[str]) -> int:
     p.add_argument("--min-effect", type=float, default=0.02)
     p.add_argument("--json", default=None, help="also write the joined runs and their analysis "
                    "to this file (report reads it)")  # fmt: skip
+    p.add_argument("--output-dir", default=None, help="where summary.md, report.html and the "
+                   "plots of the comparison go (default: beside --json, else "
+                   "compare-A-B/ beside the first file's directory)")  # fmt: skip
+    p.add_argument("--no-plots", action="store_true", help="skip the plots (faster)")
     args = p.parse_args(argv)
     if len(args.results) < 2:
         raise UsageError("compare: give at least two results files")
@@ -181,8 +213,19 @@ def compare(argv: Sequence[str]) -> int:
         ]
     if args.json:
         atomic_write(Path(args.json), json.dumps(joined, indent=1))
-    print(render(joined))
+    out = Path(args.output_dir) if args.output_dir else _compare_dir(args.results, args.json)
+    out.mkdir(parents=True, exist_ok=True)
+    print(write_views(joined, out, plots=not args.no_plots, csv=False, write=atomic_write))
+    print(f"[harness] wrote {out / 'summary.md'} and {out / 'report.html'}", file=sys.stderr)
     return 0
+
+
+def _compare_dir(paths: Sequence[str], json_path: str | None) -> Path:
+    """Beside --json, else ``compare-<tags>`` next to the first file's directory."""
+    if json_path:
+        return Path(json_path).resolve().parent
+    tags = "-".join(t.replace("#", "") for t in _tags(paths))[:80]
+    return _results_dir(paths[0]).resolve().parent / f"compare-{tags}"
 
 
 def _file_session(data: dict[str, Any]) -> str:

@@ -1,5 +1,5 @@
 """The end of a run: every number derived once (``harness.analysis.derived``), written to results.json
-(atomically), then summary.csv, summary.md and plots from it alone."""
+(atomically), then summary.csv, summary.md, the plots and report.html from it alone."""
 
 from __future__ import annotations
 
@@ -66,10 +66,11 @@ def finalize(
     session: str | None = None,
 ) -> dict[str, Any]:
     """Derive every number once (:func:`harness.analysis.derived.analyze`), write results.json
-    (atomically), then summary.md and plots from it alone. Every run is marked with ``session``
-    (a new one if None): all ran in one interleaved schedule, which ``compare`` pairs within."""
+    (atomically), then the views from it alone (:func:`harness.report.views.write_views`).
+    Every run is marked with ``session`` (a new one if None): all ran in one interleaved
+    schedule, which ``compare`` pairs within."""
     from harness.analysis.derived import analyze, run_summaries
-    from harness.report.markdown import render
+    from harness.report.views import write_views
 
     session = session or new_session_id()
     runs = [replace(r, session=session) for r in runs]
@@ -108,13 +109,5 @@ def finalize(
     )
     results |= workload_analysis(plan, workload, runs)
     atomic_write(out / "results.json", json.dumps(results, indent=1))
-    from harness.report.table_csv import to_csv
-
-    atomic_write(out / "summary.csv", to_csv(results))
-    md = render(results)
-    if plan.plots:
-        from harness.report.plots import draw
-
-        md += draw(results, out)
-    atomic_write(out / "summary.md", md)
+    write_views(results, out, plots=plan.plots, write=atomic_write)
     return results

@@ -130,11 +130,14 @@ async def _execute(
 
         written = export_dir(results, out, plan.result_filename)
         print(f"[harness] vLLM bench result files: {written}", file=sys.stderr)
-    summary = (out / "summary.md").read_text()
-    if not interrupted:
-        print(summary)
+    if not interrupted:  # summary.md without its image links: a terminal shows none
+        from harness.report.markdown import render
+
+        print(render(results))
     print(
-        f"[harness] results: {out / 'results.json'}  summary: {out / 'summary.md'}", file=sys.stderr
+        f"[harness] results: {out / 'results.json'}  summary: {out / 'summary.md'}  "
+        f"report: {out / 'report.html'}",
+        file=sys.stderr,
     )
     if interrupted:
         print(f"error: interrupted by {interrupted[0]}; partial results in {out}", file=sys.stderr)

@@ -21,6 +21,8 @@ from harness.core.records import RequestRecord
 # temperature (in ``key`` too). Older files get them from their config on reading.
 SCHEMA_VERSION = 3
 PACKAGES = ("torch", "transformers", "vllm")  # versions recorded in ``environment`` and shown
+# how the views name an engine in a sentence ("Is vLLM faster than HF?"); any other by its key
+DISPLAY_NAMES: dict[str, str] = {"hf": "HF", "vllm": "vLLM", "vllm-server": "the vLLM server"}
 
 
 @dataclass(frozen=True)

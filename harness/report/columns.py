@@ -106,10 +106,23 @@ def _spec(key: str) -> Callable[[Line], Any]:
     return lambda x: (x.entry.get("spec") or {}).get(key)
 
 
-def _versus(x: Line) -> str:
-    if x.comparison is None:
+def speedup_text(c: Mapping[str, Any] | None) -> str:
+    """A speedup with what it is relative to: ``1.21x [1.14, 1.29] n=4 t vs E/baseline`` (the
+    whole name: a second engine's baseline row is relative to the first engine's baseline)."""
+    if not c or c.get("estimate") is None:
         return "n/a"
-    return f"{ci_text(x.comparison)} vs {x.comparison['baseline'].split('/')[-1]}"
+    return f"{ci_text(c)} vs {c['baseline']}"
+
+
+def _versus(x: Line) -> str:
+    return speedup_text(x.comparison)
+
+
+def short_verdict(v: Any) -> str:
+    """A verdict in a narrow column: "n.s." for no significant difference, "n/a" for every
+    "n/a (...)" (the speedup cell beside it says why)."""
+    v = "n/a" if v is None else str(v)
+    return "n.s." if v == "no significant difference" else ("n/a" if v.startswith("n/a") else v)
 
 
 # ---- the tables ------------------------------------------------------------------------------------
@@ -143,6 +156,32 @@ MAIN: tuple[Column, ...] = (
 )
 
 
+# the columns a user decides on (summary.md, stdout); the full set is MAIN (csv, json, html)
+COMPACT: tuple[Column, ...] = (
+    Column("name", "variant", lambda x: x.entry["name"], str),
+    Column(
+        "output_tok_s",
+        "tok/s",
+        lambda x: (x.entry["summary"].get("output_tok_s"), x.entry["summary"].get("unstable")),
+        lambda v: num(v[0]) + ("*" if v[1] else ""),
+    ),
+    Column("ttft_med", "TTFT ms", _s("ttft_s", "median"), _fixed(1, 1e3)),
+    Column("tpot_med", "TPOT ms", _s("tpot_s", "median"), _fixed(2, 1e3)),
+    Column("e2e_med", "E2E ms", _s("e2e_s", "median"), _fixed(0, 1e3)),
+    Column("acceptance_rate", "accept", _spec("acceptance_rate"), _fixed(2)),
+    Column("speedup", "speedup {metric} [95% CI]", _versus, str),
+    Column("verdict", "verdict", lambda x: (x.comparison or {}).get("verdict"), short_verdict),
+)
+COMPACT_NOTE = (
+    "Medians over counted requests; * = unstable across repeats; speedup >1 = better, with "
+    "its 95% CI, n and method, against the row it names; n.s. = no significant difference. "
+    "The full column set is in summary.csv, results.json and report.html."
+)
+COMPACT_WIDTH = 120
+# dropped in this order while a compact table is wider than COMPACT_WIDTH (all are in the csv)
+COMPACT_OPTIONAL = ("e2e_med", "ttft_med", "acceptance_rate")
+
+
 def _c(x: Line) -> str:
     c, source = x.entry.get("c"), x.entry.get("c_source")
     return "n/a" if c is None else f"{c:.3f} ({source})"
@@ -173,7 +212,7 @@ THEORY: tuple[Column, ...] = (
         lambda x: (x.entry.get("predicted_speedup"), x.entry.get("predicted_note")),
         lambda v: num(v[0], 2) if v[0] is not None else str(v[1] or "n/a"),
     ),
-    Column("measured", "measured tok/s speedup", lambda x: x.comparison, ci_text),
+    Column("measured", "measured tok/s speedup", lambda x: x.comparison, speedup_text),
     Column(
         "best_gamma",
         "best gamma",

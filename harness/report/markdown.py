@@ -10,9 +10,13 @@ from tabulate import tabulate
 
 from harness.core.design import PER_BLOCK, SEPARATE
 from harness.core.results import PACKAGES
+from harness.report.answer_text import answer_markdown
 from harness.report.columns import (
+    COMPACT,
+    COMPACT_NOTE,
+    COMPACT_OPTIONAL,
+    COMPACT_WIDTH,
     COMPARISONS,
-    MAIN,
     METRIC_LABEL,
     THEORY,
     Column,
@@ -49,7 +53,30 @@ def table(columns: Sequence[Column], lines: Sequence[Line], metric: str = "outpu
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
-def _at(items: Sequence[Mapping[str, Any]] | None, i: int | None) -> Mapping[str, Any] | None:
+def tight_table(columns: Sequence[Column], lines: Sequence[Line], metric: str) -> str:
+    """A github-style table padded only to its widest cell (tabulate adds two spaces to every
+    header, which a table that must fit a terminal cannot spare)."""
+    headers = [c.header.format(metric=METRIC_LABEL.get(metric, metric)) for c in columns]
+    rows = [headers, *([c.fmt(c.get(x)) for c in columns] for x in lines)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
+    text = ["| " + " | ".join(v.ljust(w) for v, w in zip(r, widths)) + " |" for r in rows]
+    text.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(text)
+
+
+def compact_table(lines: Sequence[Line], metric: str = "output_tok_s") -> str:
+    """The COMPACT table, its optional columns dropped in order until it fits COMPACT_WIDTH."""
+    columns = list(COMPACT)
+    text = tight_table(columns, lines, metric)
+    for name in COMPACT_OPTIONAL:
+        if max(len(ln) for ln in text.splitlines()) <= COMPACT_WIDTH:
+            break
+        columns = [c for c in columns if c.name != name]
+        text = tight_table(columns, lines, metric)
+    return text
+
+
+def stored_at(items: Sequence[Mapping[str, Any]] | None, i: int | None) -> Mapping[str, Any] | None:
     return None if i is None or items is None else items[i]
 
 
@@ -91,42 +118,66 @@ def _design_lines(results: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def render(results: Mapping[str, Any]) -> str:
-    comps, checks = results.get("comparisons") or [], results.get("lossless") or []
-    lines = [f"# Harness results ({results.get('created', '')})", ""]
+def ordered(
+    rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any], key: str = "name"
+) -> list[Any]:
+    """``rows`` in the stored variant order (baseline first, the same in every table), by their
+    ``key`` field; files without an answer block keep their stored order (the sort is stable)."""
+    order = (results.get("answer") or {}).get("variants") or []
+    rank = {name: i for i, name in enumerate(order)}
+    return sorted(rows, key=lambda r: rank.get(r[key], len(rank)))
+
+
+def points_of(results: Mapping[str, Any]) -> dict[str, list[Mapping[str, Any]]]:
+    """The stored rows per plan point (in the stored point order), each in the variant order."""
+    points: dict[str, list[Mapping[str, Any]]] = {}
+    for row in results.get("rows", []):
+        points.setdefault(row["point"], []).append(row)
+    return {p: ordered(rows, results) for p, rows in points.items()}
+
+
+def point_heading(row: Mapping[str, Any]) -> str:
+    return f"{row['mode']}, {load_label(row['load'])}, max_new_tokens={row['max_new_tokens']}"
+
+
+def head_lines(results: Mapping[str, Any]) -> list[str]:
+    """The machine, workload and design lines, and the notes on how the file came to be."""
+    comps = results.get("comparisons") or []
     env, wl = results.get("environment", {}), results.get("workload", {})
-    lines.append(
-        f"Machine: {env.get('processor', '?')}, {env.get('cpu_count', '?')} CPUs"
+    lines = [
+        f"Run {results.get('created', '')}. Machine: {env.get('processor', '?')}, "
+        f"{env.get('cpu_count', '?')} CPUs"
         + (f", GPU {env['gpu']}" if env.get("gpu") else "")
         + "; "
         + ", ".join(f"{p} {env.get(p) or 'n/a'}" for p in PACKAGES)
         + f". Workload: {wl.get('name', '?')} "
         f"({wl.get('num_requests', '?')} prompts)."
-    )
+    ]
     lines += _design_lines(results)
     if any(c.get("design") == SEPARATE for c in comps):  # compare of files run one after another
         lines += ["", SEPARATE_NOTE]
     if results.get("upgraded_from"):
         lines += ["", f"(A schema {results['upgraded_from']} file: derived numbers recomputed.)"]
+    return lines
+
+
+def render(results: Mapping[str, Any]) -> str:
+    """summary.md (and stdout): the answer, the compact table per point, then the rest."""
+    comps, checks = results.get("comparisons") or [], results.get("lossless") or []
+    lines = answer_markdown(results)
     if results.get("status") not in (None, "complete"):
-        lines += ["", f"**Run {results['status']}**: partial results."]
-    points: dict[str, list[Mapping[str, Any]]] = {}
-    for row in results.get("rows", []):
-        points.setdefault(row["point"], []).append(row)
+        lines += [f"**Run {results['status']}**: partial results.", ""]
     not_run = results.get("not_run") or []
     sol = results.get("speed_of_light")
-    for point, rows in points.items():
+    for point, rows in points_of(results).items():
         first = rows[0]
-        lines += [
-            "",
-            f"## {first['mode']}, {load_label(first['load'])}, max_new_tokens={first['max_new_tokens']}",
-            "",
-        ]
+        lines += ["", f"## {point_heading(first)}", ""]
         view = [
-            Line(r, _at(comps, r.get("comparison")), _at(checks, r.get("lossless"))) for r in rows
+            Line(r, stored_at(comps, r.get("comparison")), stored_at(checks, r.get("lossless")))
+            for r in rows
         ]
-        lines.append(table(MAIN, view, first.get("deciding_metric", "output_tok_s")))
-        lines += in_flight_notes(rows) + token_id_notes(rows)
+        lines.append(compact_table(view, first.get("deciding_metric", "output_tok_s")))
+        lines += token_id_notes(rows)
         extra = percentile_columns(results.get("config") or {})
         if extra:
             lines += ["", table(extra, view)]
@@ -146,17 +197,12 @@ def render(results: Mapping[str, Any]) -> str:
         for n in not_run:
             if n["point"] == point and n["repeat"] is not None:
                 lines.append(f"\n- {n['name']} repeat {n['repeat']}: {n['status']}")
-    skipped = [
-        n for n in not_run if str(n["status"]).startswith(("unsupported", "failed", "stopped"))
-    ]
-    if skipped:
-        lines += ["", "## Cells not run", ""]
-        lines += [
-            f"- {n['name']}, {n['mode']}, {load_label(n['load'])}: {n['status']}" for n in skipped
-        ]
+    if results.get("rows"):
+        lines += ["", COMPACT_NOTE]
+    lines += ["", *head_lines(results)]
     theory = results.get("theory") or []
     if theory:
-        view = [Line(t, _at(comps, t.get("comparison"))) for t in theory]
+        view = [Line(t, stored_at(comps, t.get("comparison"))) for t in ordered(theory, results)]
         lines += [
             "",
             "## Theory vs measurement (latency mode)",
@@ -165,13 +211,10 @@ def render(results: Mapping[str, Any]) -> str:
             "",
             table(THEORY, view),
         ]
-    lines += category_lines(results.get("categories") or [])
+    lines += category_lines(ordered(results.get("categories") or [], results, "candidate"))
     lines += workload_lines(results)  # a trace replay's checks, a conversation run's turns
-    cross = [crossover_line(x, comps) for x in results.get("crossover") or []]
-    if cross:
-        lines += ["", "## Crossover", "", *[f"- {x}" for x in cross]]
     if comps:
-        view = [Line(c) for c in comps]
+        view = [Line(c) for c in ordered(comps, results, "candidate")]
         lines += ["", "## Paired comparisons", "", table(COMPARISONS, view)]
     methods = dict.fromkeys(c["method"] for c in comps if c.get("method"))
     named = "; ".join(f"{method_tag(m)} = {m}" for m in methods)
@@ -215,20 +258,6 @@ def category_lines(tables: Sequence[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def in_flight_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """A line for each configuration whose peak in flight (median over repeats) stayed below the
-    asked concurrency: too few requests, or the engine held them back; less load was measured."""
-    out = []
-    for r in rows:
-        asked, peak = r["load"].get("concurrency"), r["summary"].get("peak_in_flight")
-        if asked and asked > 1 and peak is not None and peak < asked:
-            out.append(
-                f"\n- {r['name']}: peak in flight {peak:g} < the asked concurrency {asked} "
-                f"(requests per repeat: {r['summary']['completed'] // max(1, r['repeats'])})"
-            )
-    return out
-
-
 def token_id_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """A line for each configuration whose outputs carry no token ids (``--token-ids``, or a
     server that sends none): where its token counts came from, and the checks that need ids."""
@@ -242,24 +271,3 @@ def token_id_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
                 "repetition checks are n/a"
             )
     return out
-
-
-def crossover_line(x: Mapping[str, Any], comps: Sequence[Mapping[str, Any]]) -> str:
-    c = comps[x["comparison"]]
-    what = (
-        ci_text(c)
-        if c["metric"] == "output_tok_s"
-        else f"{METRIC_LABEL.get(c['metric'], c['metric'])} {ci_text(c)}"
-    )
-    head = f"{x['candidate']} ({x['max_new_tokens']} tok)"
-    unit = x["unit"]
-    if x["kind"] == "pays everywhere":
-        return f"{head}: speculation pays at every {unit} tried (up to {x['at']:g}: {what})."
-    if x["kind"] == "never pays":
-        return (
-            f"{head}: speculation does not pay even at {unit} {x['at']:g} ({what}, {c['verdict']})."
-        )
-    return (
-        f"{head}: speculation pays up to {unit} {x['pays_up_to']:g}; "
-        f"from {x['at']:g} it is {what} ({c['verdict']})."
-    )

@@ -8,6 +8,8 @@ import io
 from collections.abc import Mapping
 from typing import Any
 
+from harness.report.markdown import points_of
+
 LATENCIES = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
 SPEC = ("acceptance_rate", "alpha", "mean_acceptance_length", "tokens_per_target_pass")
 
@@ -24,7 +26,7 @@ def _percentile_keys(rows: list[Mapping[str, Any]]) -> list[str]:
 
 def to_csv(results: Mapping[str, Any]) -> str:
     """summary.csv's text: every stored row, with its deciding comparison."""
-    rows = list(results.get("rows") or [])
+    rows = [r for point in points_of(results).values() for r in point]  # the tables' order
     comps = results.get("comparisons") or []
     stats = _percentile_keys(rows)
     head = [

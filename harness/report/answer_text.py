@@ -1,0 +1,162 @@
+"""The answer block as text (summary.md, stdout, report.html): formats results.json ``answer``
+(:mod:`harness.analysis.answer`) and the compact per-point table; computes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import PurePath
+from typing import Any
+
+from harness.core.results import DISPLAY_NAMES
+from harness.report.columns import METRIC_LABEL, ci_text, load_label, speedup_text
+
+# what the engine question calls each decision (a baseline does not "pay")
+ENGINE_WORDS = {
+    "pays": "faster",
+    "does not pay": "not faster",
+    "not significant": "not significant",
+    "no verdict": "no verdict",
+}
+
+
+def model_name(config: Mapping[str, Any]) -> str:
+    """A model path or hub id by its last two parts (``tiny/target``, ``org/model``)."""
+    model = str(config.get("model") or "?")
+    return "/".join(PurePath(model).parts[-2:])
+
+
+def title(results: Mapping[str, Any]) -> str:
+    """Model, workload, modes and n: what every view's first line and plot title say."""
+    cfg, wl = results.get("config") or {}, results.get("workload") or {}
+    modes = " + ".join(cfg.get("modes") or sorted({r["mode"] for r in results.get("rows", [])}))
+    repeats = cfg.get("repeats")
+    n = f"{repeats} repeats x " if repeats else ""
+    return (
+        f"{model_name(cfg)} on {wl.get('name', '?')}, {modes}, "
+        f"n = {n}{wl.get('num_requests', '?')} prompts"
+    )
+
+
+def where(e: Mapping[str, Any], lengths: int = 1) -> str:
+    """``1 at a time`` / ``concurrency 4`` / ``2 req/s`` (with the length when a run has several)."""
+    load = "1 at a time" if e.get("mode") == "latency" else load_label(e.get("load") or {})
+    mnt = e.get("max_new_tokens")
+    return f"{load}, {mnt} tok" if lengths > 1 and mnt is not None else load
+
+
+def _why(e: Mapping[str, Any]) -> str:
+    """The stored verdict, without the "n/a (...)" wrapping."""
+    v = str(e.get("verdict") or "n/a")
+    return v[len("n/a (") : -1] if v.startswith("n/a (") and v.endswith(")") else v
+
+
+def _metric(e: Mapping[str, Any]) -> str:
+    return METRIC_LABEL.get(e.get("metric", ""), e.get("metric", ""))
+
+
+def _stop_line(x: Mapping[str, Any]) -> str:
+    what = f"{_metric(x)} {ci_text(x)}"
+    head = f"{x['candidate']} ({x['max_new_tokens']} tok)"
+    unit = x["unit"]
+    if x["kind"] == "pays everywhere":
+        return f"{head}: pays at every {unit} tried (up to {x['at']:g}: {what})"
+    if x["kind"] == "never pays":
+        return f"{head}: does not pay even at {unit} {x['at']:g} ({what}, {x['verdict']})"
+    return (
+        f"{head}: pays up to {unit} {x['pays_up_to']:g}; "
+        f"from {x['at']:g} it is {what} ({x['verdict']})"
+    )
+
+
+def warning_line(w: Mapping[str, Any], lengths: int = 1) -> str:
+    kind = w["kind"]
+    if kind == "degenerate":
+        shares = ", ".join(
+            f"{k} up to {w[k]:.0%}" for k in ("whitespace", "repetition") if w.get(k)
+        )
+        return (
+            f"degenerate outputs ({shares}): {', '.join(w['names'])}; "
+            "a speedup on looping or blank text misleads"
+        )
+    if kind == "unstable":
+        pts = ", ".join(f"{where(p, lengths)} {p['instability']:.2f}" for p in w["points"])
+        return f"{w['name']}: unstable across repeats (instability {pts}): read its CI with care"
+    if kind == "concurrency not reached":
+        return (
+            f"{w['name']}, {where(w, lengths)}: peak in flight {w['peak']:g} < "
+            f"{w['asked']} asked: less load was measured"
+        )
+    if kind == "not identical":
+        first = w.get("first_divergence_min")
+        return (
+            f"{w['name']} vs {w['baseline']}, {where(w, lengths)}: {w['identical']}/"
+            f"{w['compared']} outputs identical"
+            + (f" (first diff at token {first})" if first is not None else "")
+            + ": not lossless"
+        )
+    if kind == "not run":
+        return f"not run at {where(w, lengths)}: {', '.join(w['names'])} ({w['status']})"
+    return f"{w.get('name', '')}: {kind}"
+
+
+def _engine_question(entries: Sequence[Mapping[str, Any]]) -> str:
+    firsts = list(dict.fromkeys(e["baseline"].split("/")[0] for e in entries))
+    others = list(dict.fromkeys(e["candidate"].split("/")[0] for e in entries))
+    name = lambda e: DISPLAY_NAMES.get(e, e)  # noqa: E731
+    return f"Is {' / '.join(map(name, others))} faster than {' / '.join(map(name, firsts))}?"
+
+
+def answer_sections(results: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
+    """(heading, lines) of the answer block, in the order the stored entries come:
+    speculation, where it stops paying, the engine question, warnings."""
+    a = results.get("answer") or {}
+    lengths = len({r["max_new_tokens"] for r in results.get("rows", [])})
+    out: list[tuple[str, list[str]]] = []
+    spec = a.get("speculation") or []
+    if spec:
+        out.append(
+            (
+                "Does speculation pay? (its deciding metric vs the same engine's baseline, "
+                "95% CI, n = paired repeats)",
+                [
+                    f"{e['candidate']}, {where(e, lengths)}: {e['answer']}"
+                    + (f" ({_why(e)})" if e["answer"] == "no verdict" else "")
+                    + f", {_metric(e)} {speedup_text(e)}"
+                    for e in spec
+                ],
+            )
+        )
+    if a.get("stops"):
+        out.append(("Where it stops paying", [_stop_line(x) for x in a["stops"]]))
+    engines = a.get("engines") or []
+    if engines:
+        out.append(
+            (
+                _engine_question(engines),
+                [
+                    f"{e['candidate']}, {where(e, lengths)}: {ENGINE_WORDS.get(e['answer'], e['answer'])}"
+                    + (f" ({_why(e)})" if e["answer"] != "pays" else "")
+                    + f", {_metric(e)} {speedup_text(e)}"
+                    for e in engines
+                ],
+            )
+        )
+    if a.get("warnings"):
+        out.append(
+            (
+                "Warnings that change the reading",
+                [warning_line(w, lengths) for w in a["warnings"]],
+            )
+        )
+    return out
+
+
+def answer_markdown(results: Mapping[str, Any]) -> list[str]:
+    """The answer block's markdown lines (``## Answer`` and its bullets)."""
+    lines = [f"# Answer: {title(results)}", ""]
+    sections = answer_sections(results)
+    if not sections:
+        return [*lines, "Nothing was compared (one variant, or no run finished).", ""]
+    for head, items in sections:
+        lines += [f"**{head}**", "", *(f"- {x}" for x in items), ""]
+    return lines
