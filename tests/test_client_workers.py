@@ -182,17 +182,22 @@ def test_ray_address_without_ray_is_one_line() -> None:
 
 
 def test_a_clock_uncertainty_above_a_tenth_of_the_ttft_is_said() -> None:
-    """harness.analysis.clocks: 2 ms of uncertainty against a 10 ms median TTFT is said (one
-    line naming the run); 0.5 ms is not; a run without client workers is not."""
+    """harness.analysis.clocks: 2 ms of uncertainty against a 10 ms median TTFT is a warning of
+    the answer block, formatted as one line naming the run; 0.5 ms is not; a run without client
+    workers is not."""
     from harness.analysis.clocks import clock_warnings
+    from harness.core.records import RequestRecord
     from harness.core.results import Cell, Run
+    from harness.report.answer_text import warning_line
 
     cell = Cell("openai", "baseline", "throughput", {"concurrency": 4}, 8, 0, "w")
-    summary = {"ttft_s": {"median": 0.010}}
+    recs = tuple(RequestRecord(f"r{i}", 0.0, 0.05, (0.010,), (1,)) for i in range(3))
 
     def run(worst: float | None) -> Run:
         extra = {} if worst is None else {"client_workers": {"max_uncertainty_s": worst}}
-        return Run(cell, None, (), extra=extra)
+        return Run(cell, None, recs, extra=extra)
 
-    said = clock_warnings([run(0.002), run(0.0005), run(None)], [summary] * 3)
-    assert len(said) == 1 and "2.0 ms" in said[0] and "10.0 ms" in said[0], said
+    said = clock_warnings([run(0.002), run(0.0005), run(None)])
+    assert len(said) == 1 and said[0]["kind"] == "clock", said
+    line = warning_line(said[0])
+    assert "2.0 ms" in line and "10.0 ms" in line and cell.name in line, line

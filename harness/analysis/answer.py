@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from harness.analysis.clocks import clock_warnings
 from harness.analysis.distributions import distributions
 from harness.core.results import Run
 
@@ -238,4 +239,6 @@ def answer_of(results: Mapping[str, Any]) -> dict[str, Any]:
 def reading(results: Mapping[str, Any], runs: Sequence[Run]) -> dict[str, Any]:
     """What the views read first, stored beside the analysis: the answer block and the latency
     distributions the plots draw (:mod:`harness.analysis.distributions`)."""
-    return {"answer": answer_of(results), "distributions": distributions(runs)}
+    block = answer_of(results)
+    block["warnings"] = [*block["warnings"], *clock_warnings(runs)]
+    return {"answer": block, "distributions": distributions(runs)}

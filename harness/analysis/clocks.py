@@ -10,7 +10,8 @@ more than ``SHARE`` of its median TTFT says so.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from harness.core.results import Run
@@ -18,18 +19,25 @@ from harness.core.results import Run
 SHARE = 0.1  # of the run's median TTFT
 
 
-def clock_warnings(runs: Sequence[Run], summaries: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One line per run whose client workers' clock uncertainty exceeds SHARE of its TTFT."""
+def clock_warnings(runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """One warning (the answer block's shape, kind ``clock``) per run whose client workers'
+    clock uncertainty exceeds SHARE of its median TTFT."""
     out = []
-    for run, summary in zip(runs, summaries):
+    for run in runs:
         info = run.extra.get("client_workers") or run.engine_info.get("client_workers") or {}
         worst = info.get("max_uncertainty_s")
-        ttft = (summary.get("ttft_s") or {}).get("median")
-        if worst is None or not ttft or worst <= SHARE * ttft:
+        ttfts = [r.ttft for r in run.records if r.counted and r.ttft is not None]
+        if worst is None or not ttfts:
             continue
-        out.append(
-            f"{run.cell.name}: client workers' clock uncertainty {worst * 1e3:.1f} ms is more "
-            f"than {SHARE:.0%} of the median TTFT ({ttft * 1e3:.1f} ms): send times across "
-            "hosts are only that precise"
-        )
+        ttft = statistics.median(ttfts)
+        if worst > SHARE * ttft:
+            out.append(
+                {
+                    "kind": "clock",
+                    "name": run.cell.name,
+                    "uncertainty_s": worst,
+                    "ttft_s": ttft,
+                    "share": SHARE,
+                }  # fmt: skip
+            )
     return out

@@ -94,6 +94,12 @@ def warning_line(w: Mapping[str, Any], lengths: int = 1) -> str:
             + (f" (first diff at token {first})" if first is not None else "")
             + ": not lossless"
         )
+    if kind == "clock":
+        return (
+            f"{w['name']}: client workers' clock uncertainty {w['uncertainty_s'] * 1e3:.1f} ms "
+            f"is more than {w['share']:.0%} of the median TTFT ({w['ttft_s'] * 1e3:.1f} ms): "
+            "send times across hosts are only that precise"
+        )
     if kind == "not run":
         return f"not run at {where(w, lengths)}: {', '.join(w['names'])} ({w['status']})"
     return f"{w.get('name', '')}: {kind}"
