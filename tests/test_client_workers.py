@@ -153,7 +153,7 @@ def test_a_worker_sends_on_the_parents_t0(ahead, sent) -> None:
     clock = FakeClock()
     t0 = clock.now + ahead
     reqs = [Request(id=f"r{j}", prompt="x") for j in range(len(offsets))]
-    engine = ScriptedEngine(clock, {r.id: [(0.0, 1)] for r in reqs})  # no virtual time
+    engine = ScriptedEngine(clock, {r.id: [(1e-12, 1)] for r in reqs})  # ~no virtual time
     parent, child = Pipe()
     worker = WorkerLoop(child, engine.config, clock, sleep=clock.sleep)
     share = Share(0, tuple(range(len(offsets))), offsets, None)

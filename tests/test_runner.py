@@ -90,7 +90,7 @@ def test_concurrency_cap_is_never_exceeded():
 
 def test_poisson_arrivals_are_honoured():
     clock = FakeClock()
-    script = {str(i): [(0.0, 1)] for i in range(200)}
+    script = {str(i): [(1e-12, 1)] for i in range(200)}  # a first token after its send
     engine = ScriptedEngine(clock, script)
     reqs = [Request(str(i), "p") for i in range(200)]
     strategy = Poisson(rate=10.0, seed=3)

@@ -26,12 +26,29 @@ from harness.cli.preflight import (
 )
 from harness.core.results import Run
 from harness.run.journal import Journal, new_session_id, recorded_session, runs_from_journal
+from harness.run.lanes import GRACE_S
 from harness.run.plan import PlanError, RunPlan
+from harness.run.runner import settle
 
 if TYPE_CHECKING:
     from workloads import Workload
 
-GRACE_S = 5.0  # in-flight requests get this long after Ctrl-C before they are cancelled
+GRACE_ENV = "HARNESS_STOP_GRACE_S"  # seconds in-flight requests get after a stop (default 5)
+EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}  # 128 + the signal's number, as a shell reports
+
+
+def grace_s() -> float:
+    """The stop's grace period: ``$HARNESS_STOP_GRACE_S`` (tests shorten it), else 5 s."""
+    raw = os.environ.get(GRACE_ENV)
+    if raw is None:
+        return GRACE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise UsageError(f"${GRACE_ENV}: not a number of seconds: {raw!r}") from None
+    if not value >= 0:
+        raise UsageError(f"${GRACE_ENV}: must be >= 0, got {raw!r}")
+    return value
 
 
 def run_main(args: argparse.Namespace) -> int:
@@ -47,13 +64,18 @@ def run_main(args: argparse.Namespace) -> int:
         check_endpoint(configs, workload.requests)
         check_servers(configs)
         validate_configs(plan, configs)
+        grace = grace_s()
     except (UsageError, PlanError, EngineError, WorkloadError) as exc:
         raise UsageError(str(exc)) from None
-    return asyncio.run(_execute(plan, configs, workload, out))
+    return asyncio.run(_execute(plan, configs, workload, out, grace))
 
 
 async def _execute(
-    plan: RunPlan, configs: list[tuple[str, EngineConfig]], workload: Workload, out: Path
+    plan: RunPlan,
+    configs: list[tuple[str, EngineConfig]],
+    workload: Workload,
+    out: Path,
+    grace: float = GRACE_S,
 ) -> int:
     from harness.run.session import Session
 
@@ -76,20 +98,23 @@ async def _execute(
         progress=plan.progress,
     )
     session.runs.extend(r for r in previous if r.cell.key in done)
+    session.stop.grace_s = grace
     loop = asyncio.get_running_loop()
-    main_task = asyncio.current_task()
     interrupted: list[str] = []
 
+    def end_grace() -> None:  # cancel what is still in flight, and a start or a warm-up
+        session.stop.expire()
+        exec_task.cancel()
+
     def on_signal(name: str) -> None:
-        if interrupted:  # second signal: stop now
-            main_task.cancel()
+        if interrupted:  # a second signal: no more grace
+            print(f"\n[harness] {name} again: cancelling now", file=sys.stderr)
+            end_grace()
             return
         interrupted.append(name)
         session.stop.set(f"{name} received")
-        print(
-            f"\n[harness] {name}: stopping; in-flight requests get {GRACE_S:g} s", file=sys.stderr
-        )
-        loop.call_later(GRACE_S, lambda: exec_task.cancel())
+        print(f"\n[harness] {name}: stopping; in-flight requests get {grace:g} s", file=sys.stderr)
+        loop.call_later(grace, end_grace)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -97,7 +122,8 @@ async def _execute(
     exec_task = asyncio.ensure_future(session.execute(configs))
     error: str | None = None
     try:
-        await exec_task
+        await settle([exec_task])  # a signal now cancels exec_task, never this function
+        exec_task.result()
     except asyncio.CancelledError:
         pass
     except Exception as exc:  # finish writing whatever finished, then report
@@ -105,7 +131,13 @@ async def _execute(
 
         error = error_line(exc)
     finally:
-        journal.close()
+        await _settle_rest(grace)
+        journal.close()  # after the last record: every task that could write one is done
+    if journal.late:
+        print(
+            f"[harness] warning: {journal.late} journal entries came after its close",
+            file=sys.stderr,
+        )
     runs = session.runs
     if interrupted or error:
         # the journal holds every record that finished, including cells cut mid-way
@@ -141,7 +173,7 @@ async def _execute(
     )
     if interrupted:
         print(f"error: interrupted by {interrupted[0]}; partial results in {out}", file=sys.stderr)
-        return 130
+        return EXIT_CODES.get(interrupted[0], 130)
     if error:
         print(f"error: {error}; partial results in {out}", file=sys.stderr)
         return 1
@@ -152,6 +184,17 @@ async def _execute(
         print(f"error: {why}; results in {out}", file=sys.stderr)
         return 1
     return 0
+
+
+async def _settle_rest(grace: float) -> None:
+    """Cancel and await every task the run left behind (an engine's helper, a stream's
+    finalizer), for at most ``grace`` more seconds, so that none writes after the journal's close."""
+    rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for t in rest:
+        t.cancel()
+    if rest:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait(rest, timeout=max(grace, 1.0))
 
 
 def run_failure(runs: list[Run]) -> str | None:

@@ -13,6 +13,10 @@ class RequestRecord:
 
     ``chunk_times[i]`` is when chunk ``i`` (``chunk_tokens[i]`` tokens) arrived. TTFT, ITL, TPOT
     and E2E are properties, so no metric is stored twice.
+
+    A successful record with output has its first token inside the request
+    (``0 < ttft <= e2e``): anything else is an engine's or the runner's bug, refused here
+    (:meth:`problem`) rather than silently dropped from the TTFT statistics.
     """
 
     request_id: str
@@ -28,6 +32,23 @@ class RequestRecord:
     error: str | None = None
     warmup: bool = False
     info: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        why = self.problem()
+        if why is not None:
+            raise ValueError(f"request {self.request_id}: {why}")
+
+    def problem(self) -> str | None:
+        """Why this record cannot be true, else None: an ok record with output tokens has a
+        first-token time after its send and no later than its end."""
+        if not self.ok or self.output_tokens < 1:
+            return None
+        ttft = self.ttft
+        if ttft is None:
+            return f"record check: {self.output_tokens} output tokens but no first-token time"
+        if not 0 < ttft <= self.e2e:
+            return f"record check: ttft {ttft:.6g} s outside (0, e2e {self.e2e:.6g} s]"
+        return None
 
     # ---- derived ---------------------------------------------------------------------------
     @property
@@ -100,7 +121,18 @@ class RequestRecord:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> RequestRecord:
-        """Inverse of :meth:`to_json` (times relative to the run's start)."""
+        """Inverse of :meth:`to_json` (times relative to the run's start). A stored record that
+        fails the check (written before it existed) is read back as failed, with the reason."""
+        try:
+            return cls._from_json(d)
+        except ValueError as exc:
+            if not d.get("ok", True):
+                raise
+            why = str(exc).split(": ", 1)[-1]
+            return cls._from_json({**d, "ok": False, "error": why})
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any]) -> RequestRecord:
         t_send = float(d["send_s"])
         times: list[float] = []
         if d.get("ttft_s") is not None:

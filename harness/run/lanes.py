@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
 from collections.abc import Sequence
@@ -24,14 +25,32 @@ def unsupported_method(config: EngineConfig) -> str | None:
     return f"unsupported ({config.engine} has no {method})"
 
 
+GRACE_S = 5.0  # after a stop, in-flight requests get this long before they are cancelled
+
+
 @dataclass
 class StopFlag:
-    """Set by a signal or by --max-error-rate: stop sending, keep what finished."""
+    """Set by a signal, by --max-error-rate or by an engine failure: stop sending, give the
+    requests in flight ``grace_s``, then cancel what is left (``expired``); each cancelled
+    request is a failed record (``harness.run.runner.CANCELLED``)."""
 
     reason: str | None = None
+    grace_s: float = GRACE_S
+    expired: bool = False  # the grace is over: in-flight requests are cancelled now
+    _timer: Any = field(default=None, repr=False)
 
     def set(self, reason: str) -> None:
-        self.reason = self.reason or reason
+        if self.reason is not None:
+            return
+        self.reason = reason
+        with contextlib.suppress(RuntimeError):  # no running loop: expire() ends the grace
+            self._timer = asyncio.get_running_loop().call_later(self.grace_s, self.expire)
+
+    def expire(self) -> None:
+        """End the grace now (its timer, or a second signal)."""
+        self.expired = True
+        if self._timer is not None:
+            self._timer.cancel()
 
     def __bool__(self) -> bool:
         return self.reason is not None

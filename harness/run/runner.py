@@ -20,6 +20,8 @@ from harness.core.load import LoadStrategy
 from harness.core.records import RequestRecord
 
 OnRecord = Callable[[RequestRecord], None]
+CANCELLED = "cancelled at stop"  # the error of a request still in flight when the grace ended
+POLL_S = 0.05  # how often a run checks whether its in-flight requests must be cancelled
 
 
 class Clients(Protocol):
@@ -84,6 +86,14 @@ class _Timing:
             self.ids_known = False
 
     def finish(self, t_end: float, error: str | None) -> RequestRecord:
+        """The record; one that fails its check (output without a first token) is kept as a
+        failed record with the reason, never counted as a success."""
+        try:
+            return self._record(t_end, error)
+        except ValueError as exc:
+            return self._record(t_end, str(exc).split(": ", 1)[-1])
+
+    def _record(self, t_end: float, error: str | None) -> RequestRecord:
         return RequestRecord(
             request_id=self.request.id,
             t_send=self.t_send,
@@ -110,6 +120,8 @@ class Runner:
     sleep: Callable[[float], Any] = asyncio.sleep
     on_record: OnRecord | None = None
     should_stop: Callable[[], bool] = lambda: False
+    # True once the stop's grace is over: requests still in flight are cancelled and recorded
+    cancel_now: Callable[[], bool] = lambda: False
     clients: Clients | None = None  # set: other processes send the requests (HTTP engines)
 
     async def run(
@@ -153,7 +165,7 @@ class Runner:
             async for chunk in self.engine.stream(request, params, self.clock):
                 timing.add(chunk, self.clock() if chunk.t is None else chunk.t)
         except asyncio.CancelledError:
-            error = "cancelled: run interrupted"
+            error = CANCELLED
         except Exception as exc:  # recorded per request, never raised
             error = error_line(exc)
         return self._emit(timing.finish(self.clock(), error))
@@ -171,6 +183,7 @@ class Runner:
         slots = asyncio.Semaphore(strategy.max_concurrency) if strategy.max_concurrency else None
         t0 = self.clock() if t0 is None else t0
         tasks: list[asyncio.Task[RequestRecord]] = []
+        sent: list[tuple[Request, float]] = []
 
         async def go(req: Request, t_send: float) -> RequestRecord:
             try:
@@ -179,10 +192,13 @@ class Runner:
                 if slots is not None:
                     slots.release()
 
+        watch = asyncio.ensure_future(self._cancel_at_stop(tasks))
         try:
             end = None if duration is None else t0 + duration
             for req, offset in zip(requests, offsets):
                 if end is not None and t0 + offset >= end:
+                    break
+                if self.should_stop():
                     break
                 delay = t0 + offset - self.clock()
                 if delay > 0:
@@ -193,12 +209,31 @@ class Runner:
                     if slots is not None:
                         slots.release()
                     break
-                tasks.append(asyncio.ensure_future(go(req, self.clock())))
-            return list(await asyncio.gather(*tasks))
-        except asyncio.CancelledError:
+                t_send = self.clock()
+                tasks.append(asyncio.ensure_future(go(req, t_send)))
+                sent.append((req, t_send))
+            await settle(tasks)
+        except BaseException:
             for t in tasks:
                 t.cancel()
             raise
+        finally:  # every request sent has recorded itself before the run returns or raises
+            watch.cancel()
+            await settle(tasks)
+            made = {
+                i: self._emit(_Timing(req, t_send, warmup).finish(self.clock(), CANCELLED))
+                for i, (t, (req, t_send)) in enumerate(zip(tasks, sent))
+                if t.cancelled()  # cancelled before it ran: its record is made here
+            }
+        return [made[i] if i in made else t.result() for i, t in enumerate(tasks)]
+
+    async def _cancel_at_stop(self, tasks: list[asyncio.Task[RequestRecord]]) -> None:
+        """Once the stop's grace is over, cancel the requests in flight: each records itself as
+        failed (:data:`CANCELLED`), and a send blocked on a concurrency slot gets it back."""
+        while not self.cancel_now():
+            await asyncio.sleep(POLL_S)
+        for t in tasks:
+            t.cancel()
 
     async def _run_static(
         self,
@@ -218,12 +253,45 @@ class Runner:
             t_send = self.clock()
             timings = [_Timing(r, t_send, warmup) for r in batch]
             error = None
-            try:
+
+            async def consume(batch: list[Request] = batch, timings: list = timings) -> None:
                 chunks = self.engine.stream_batch(batch, params, self.clock)
                 async for index, chunk in chunks:
                     timings[index].add(chunk, self.clock() if chunk.t is None else chunk.t)
-            except Exception as exc:
-                error = error_line(exc)
+
+            job = asyncio.ensure_future(consume())
+            watch = asyncio.ensure_future(self._cancel_at_stop([job]))
+            interrupted = False
+            try:
+                await settle([job])
+            except asyncio.CancelledError:  # this run was cancelled: record the batch, re-raise
+                interrupted = True
+            finally:
+                watch.cancel()
+            if job.cancelled():
+                error = CANCELLED
+            elif isinstance(job.exception(), Exception):
+                error = error_line(job.exception())  # type: ignore[arg-type]
             t_end = self.clock()
             out.extend(self._emit(t.finish(t_end, error)) for t in timings)
+            if interrupted:
+                raise asyncio.CancelledError
         return out
+
+
+async def settle(tasks: Sequence[asyncio.Future[Any]]) -> None:
+    """Wait until every task is done, even through cancellations of the caller: each is
+    cancelled again and awaited (a request records itself as it ends), then the caller's
+    cancellation is raised. Nothing a run started outlives it."""
+    cancelled = False
+    pending = [t for t in tasks if not t.done()]
+    while pending:
+        try:
+            await asyncio.wait(pending)
+        except asyncio.CancelledError:
+            cancelled = True
+            for t in pending:
+                t.cancel()
+        pending = [t for t in pending if not t.done()]
+    if cancelled:
+        raise asyncio.CancelledError

@@ -249,13 +249,15 @@ class Session:
             await engine.start()
             if self.plan.client_workers > 1 or self.plan.ray_address:
                 lane.clients = await start_pool(engine, self.plan, self.clock)
-        except Exception as exc:
+        except BaseException as exc:  # stopped while starting too: no server outlives us
+            with contextlib.suppress(Exception):
+                await engine.close()
+            if not isinstance(exc, Exception):
+                raise
             status = f"failed: engine did not start: {error_line(exc)}"
             self._say(status)
             for cell in cells:
                 self._finish(Run(cell, config.spec_config, (), status=status), status)
-            with contextlib.suppress(Exception):
-                await engine.close()
             return
         lane.engine = engine
         lane.info = {**engine.describe(), "start_s": round(time.perf_counter() - t_build, 3)}
@@ -336,6 +338,7 @@ class Session:
             clock=self.clock,
             on_record=on_record,
             should_stop=lambda: bool(self.stop),
+            cancel_now=lambda: self.stop.expired,
             clients=lane.clients,
         )
         status, spec_metrics, extra = "ok", None, {}

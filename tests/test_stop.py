@@ -1,0 +1,100 @@
+"""Every way a run stops ends the same way: stop sending, a grace period for the requests in
+flight, then each one still running cancelled and recorded as failed (``cancelled at stop``), the
+journal closed after the last record, results written, the documented exit code, no traceback.
+
+A real run in a subprocess (the harness's own signal handling), against a scripted server whose
+third request answers one token and then goes silent: slower than any grace period.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+CANCELLED = "cancelled at stop"  # harness.run.runner.CANCELLED
+from tests.fake_server import Behaviour, FakeServer
+from tests.test_faults import ServerThread, workload
+
+ROOT = Path(__file__).resolve().parents[1]
+SLOW = 2  # the arrival index of the request that stalls
+FAST = Behaviour(tokens=4, delay=0.001)
+
+
+def script(i: int) -> Behaviour:
+    return Behaviour(tokens=4, fault="stall", fault_after=1) if i == SLOW else FAST
+
+
+def start(tmp_path: Path, url: str, grace: float) -> tuple[subprocess.Popen, Path]:
+    out = tmp_path / "out"
+    args = [
+        *("--engine", "openai", "--base-url", url, "--model", "fake-model"),
+        *("--workload", workload(tmp_path, 4), "--num-prompts", "4", "--mode", "latency"),
+        *("--repeats", "1", "--warmup", "0", "--max-new-tokens", "4"),
+        *("--output-dir", str(out), "--quiet", "--no-plots"),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HARNESS_STOP_GRACE_S": str(grace)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return proc, out
+
+
+def wait_for(what, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while not what():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.time() < deadline, "the run never reached the slow request"
+        time.sleep(0.05)
+
+
+def check_stopped(proc: subprocess.Popen, out: Path, name: str, code: int) -> None:
+    _, err = proc.communicate(timeout=120)  # the grace of the second-signal case is far longer
+    assert proc.returncode == code, err[-3000:]
+    assert "Traceback" not in err and "unhandled exception" not in err, err[-3000:]
+    assert f"interrupted by {name}; partial results in" in err
+    lines = (out / "journal.jsonl").read_text().splitlines()
+    entries = [json.loads(line) for line in lines]  # every line whole
+    journalled = [e["record"] for e in entries if e["kind"] == "record"]
+    res = json.loads((out / "results.json").read_text())
+    assert res["status"] == f"interrupted ({name})"
+    (run,) = res["runs"]
+    for records in (journalled, run["records"]):
+        assert [r["id"] for r in records] == ["r0", "r1", "r2"]  # r3 was never sent
+        assert [r["ok"] for r in records] == [True, True, False]
+        assert records[2]["error"] == CANCELLED
+    assert run["summary"]["errors"] == {CANCELLED: 1}
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_cancels_the_request_past_the_grace_and_keeps_every_record(tmp_path, sig, code):
+    server = FakeServer(script)
+    with ServerThread(server) as url:
+        proc, out = start(tmp_path, url, grace=0.5)
+        wait_for(lambda: len(server.requests) > SLOW, proc)
+        proc.send_signal(sig)
+        check_stopped(proc, out, sig.name, code)
+    assert len(server.requests) == SLOW + 1  # it stopped sending
+
+
+def test_a_second_signal_cancels_at_once(tmp_path):
+    """A grace far longer than the test may take: only the second SIGTERM ends it."""
+    server = FakeServer(script)
+    with ServerThread(server) as url:
+        proc, out = start(tmp_path, url, grace=3600)
+        wait_for(lambda: len(server.requests) > SLOW, proc)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)  # (the handler takes signals in order: the second one ends the grace)
+        proc.send_signal(signal.SIGTERM)
+        check_stopped(proc, out, "SIGTERM", 143)
