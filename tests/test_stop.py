@@ -98,3 +98,36 @@ def test_a_second_signal_cancels_at_once(tmp_path):
         time.sleep(0.5)  # (the handler takes signals in order: the second one ends the grace)
         proc.send_signal(signal.SIGTERM)
         check_stopped(proc, out, "SIGTERM", 143)
+
+
+@pytest.mark.slow
+def test_sigterm_during_an_hf_generate_keeps_its_record(tmp_path, tiny_pair):
+    """The race of a real engine: an assisted ``generate`` on its thread ends after the cancel
+    (at its next step), so its record comes late; it must still be journalled, as cancelled."""
+    out = tmp_path / "out"
+    args = [
+        *("--model", "tiny", "--workload", "tiny", "--engine", "hf", "--spec", "draft_model"),
+        *("--mode", "latency", "--num-prompts", "2", "--max-new-tokens", "1500", "--ignore-eos"),
+        *("--repeats", "1", "--warmup", "0", "--output-dir", str(out), "--quiet", "--no-plots"),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HARNESS_STOP_GRACE_S": "0.2"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    journal = out / "journal.jsonl"
+    wait_for(lambda: journal.exists() and '"kind": "run"' in journal.read_text(), proc, 600)
+    time.sleep(2.0)  # the first request is generating (1500 tokens take far longer)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err[-3000:]
+    assert "Traceback" not in err and "unhandled exception" not in err, err[-3000:]
+    entries = [json.loads(line) for line in journal.read_text().splitlines()]
+    records = [e["record"] for e in entries if e["kind"] == "record"]
+    assert records and records[-1]["error"] == CANCELLED, records
+    (run,) = json.loads((out / "results.json").read_text())["runs"]
+    assert [r["error"] for r in run["records"]] == [r["error"] for r in records]
