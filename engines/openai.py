@@ -1,18 +1,16 @@
-"""An existing OpenAI-compatible server (vLLM, SGLang, TGI, transformers serve, ...) over
-aiohttp, streamed with SSE.
+"""An existing OpenAI-compatible server (vLLM, SGLang, TGI, transformers serve, ...): aiohttp, SSE.
 
-Requests are spread round-robin over ``base_urls``. Which model to request and whether the
-server is vLLM: :mod:`engines.openai_server`. vLLM servers get ``ignore_eos`` and, with
-option ``token_ids`` (default), per-chunk token ids (``return_token_ids``: exact counts of
-multi-token events, outputs to compare); no more: an extra field is work the server does for the
-client (``min_tokens`` ran vLLM's min-tokens logits processor every step; ``ignore_eos`` alone
-reaches ``max_tokens``). Without ids a vLLM event counts one token, as in vllm bench. Other
-servers get plain OpenAI requests (transformers serve answers 422 to unknown fields). The
-total is the server's usage, else the token ids, else a local tokenizer's count of the text (only
-one the user named: ``--tokenizer``, or ``--model`` given explicitly), else one token per text
-event; each record says which, and how its stream ended (see
-:mod:`engines.sse`). Speculative counters and load gauges come from ``/metrics`` (see
-:mod:`engines.prom`). No torch, transformers or vllm import: an HTTP run stays light.
+Requests are spread round-robin over ``base_urls``. Which model to request and whether the server is
+vLLM: :mod:`engines.openai_server`. vLLM servers get ``ignore_eos`` and, with option ``token_ids``
+(default), per-chunk token ids (``return_token_ids``: exact counts of multi-token events, outputs to
+compare); no more: an extra field is work the server does for the client (``min_tokens`` ran vLLM's
+min-tokens logits processor every step; ``ignore_eos`` alone reaches ``max_tokens``). Without ids a
+vLLM event counts one token, as in vllm bench. Other servers get plain OpenAI requests (transformers
+serve answers 422 to unknown fields). The total is the server's usage, else the token ids, else a
+local tokenizer's count of the text (only one the user named: ``--tokenizer``, or ``--model`` given
+explicitly), else one token per text event; each record says which, how its stream ended and where
+its first-token time came from (:mod:`engines.sse`). Speculative counters and load gauges come from
+``/metrics`` (:mod:`engines.prom`). No torch, transformers or vllm import: an HTTP run stays light.
 """
 
 from __future__ import annotations
@@ -238,7 +236,7 @@ class OpenAIEngine(OpenAIFlags, Engine):
         chat = path == ENDPOINTS["chat"]
         first = True
         end = StreamEnd()
-        ids_known, usage_out, text = True, False, []
+        ids_known, text = True, []
         steps = bool(self.vllm_extras and not self.token_ids)  # one event per step, no ids
         timeout = aiohttp.ClientTimeout(total=self.request_timeout)
         try:
@@ -257,12 +255,11 @@ class OpenAIEngine(OpenAIFlags, Engine):
                     except ValueError as e:
                         raise RequestFailed("bad sse", f"{e}: {one_line(data, 80)}") from None
                     chunks = parse_event(obj, chat, t, steps)
-                    end.see(chunks)
+                    end.see(chunks, obj, chat)
                     for chunk in chunks:
                         if chunk.size:
                             ids_known = ids_known and len(chunk.token_ids) == chunk.size
                             text.append(chunk.text)
-                        usage_out = usage_out or chunk.usage_output_tokens is not None
                         if first and chunk.size:
                             chunk = replace(chunk, info={"replica": url})
                             first = False
@@ -286,7 +283,7 @@ class OpenAIEngine(OpenAIFlags, Engine):
             raise RequestFailed("bad sse", str(e)) from None
         info: dict[str, Any] = {"stream_end": end.close()}
         counted = None
-        if usage_out:
+        if end.usage_output is not None:
             info["output_tokens_from"] = "server usage"
         elif ids_known:
             info["output_tokens_from"] = "token ids"
@@ -295,7 +292,10 @@ class OpenAIEngine(OpenAIFlags, Engine):
             info["output_tokens_from"] = "tokenizer (the server sent no usage)"
         else:
             info["output_tokens_from"] = "text events (no usage, no tokenizer)"
-        if first:  # no token-carrying chunk: the replica goes with the last one
+        info["first_token_from"], late = end.first_token(not first, url)  # see engines.sse
+        if late is not None:  # no event carried text: the only token was a special one
+            yield late
+        elif first:  # no token-carrying chunk: the replica goes with the last one
             info["replica"] = url
         yield Chunk(num_tokens=0, usage_output_tokens=counted, info=info)
 

@@ -129,6 +129,19 @@ def parse_event(obj: Any, chat: bool, t: float | None = None, steps: bool = Fals
     return out
 
 
+def answer_event(obj: Any, chat: bool) -> bool:
+    """Whether a decoded event carries choice 0 of the answer (a chat role-only delta aside),
+    text or not: the event ``vllm bench serve`` takes as the first token on completions even
+    when its text is empty (a special token). A stream whose only token had no text then still
+    has a first-token time (engines.openai, ``info.first_token_from``)."""
+    if not isinstance(obj, dict):
+        return False
+    for choice in obj.get("choices") or ():
+        if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            return not chat or _step(choice)
+    return False
+
+
 def _step(choice: Mapping[str, Any]) -> bool:
     """A vLLM event that carried a step's tokens: not chat's first, role-only delta."""
     return "role" not in (choice.get("delta") or {})
@@ -136,22 +149,45 @@ def _step(choice: Mapping[str, Any]) -> bool:
 
 DONE = "[DONE]"
 FINISH_CLOSE = "finish_reason, close"  # a chunk with finish_reason, then a clean end of the body
+# a record's info.first_token_from: where its first-token time (TTFT) came from
+TOKEN_CHUNK = "token chunk"  # the first event that carried a token (text, ids, a vLLM step)
+FIRST_EVENT = "first answer event (no text)"  # none did, usage counts output: answer_event()
 
 
 @dataclass
 class StreamEnd:
-    """What a stream has said about its end so far; :meth:`close` names the ending."""
+    """What a stream has said about its end so far; :meth:`close` names the ending,
+    :meth:`first_token` where its TTFT comes from."""
 
     done: bool = False
     finish_reason: str | None = None
     usage: bool = False
+    usage_output: int | None = None  # the server's count of output tokens
+    answered: bool = False  # an event of the answer came (answer_event), text or not
+    t_answer: float | None = None  # when the first one was read
 
-    def see(self, chunks: Iterable[Chunk]) -> None:
+    def see(self, chunks: Iterable[Chunk], event: Any = None, chat: bool = False) -> None:
+        """``chunks`` parsed from the decoded ``event``."""
+        if not self.answered and answer_event(event, chat):
+            self.answered = True
+            self.t_answer = next((c.t for c in chunks if c.t is not None), None)
         for c in chunks:
             if c.finish_reason:
                 self.finish_reason = c.finish_reason
             if c.usage_output_tokens is not None or c.prompt_tokens is not None:
                 self.usage = True
+            if c.usage_output_tokens is not None:
+                self.usage_output = c.usage_output_tokens
+
+    def first_token(self, token_seen: bool, replica: str) -> tuple[str | None, Chunk | None]:
+        """``info.first_token_from`` for the record, and the one-token chunk to yield when no
+        event carried a token yet the server counts output (the answer's first event, stamped
+        when it was read: as ``vllm bench serve`` takes it)."""
+        if token_seen:
+            return TOKEN_CHUNK, None
+        if (self.usage_output or 0) >= 1 and self.answered:
+            return FIRST_EVENT, Chunk(num_tokens=1, t=self.t_answer, info={"replica": replica})
+        return None, None
 
     def close(self) -> str:
         """The ending once the body ended cleanly: :data:`DONE` or :data:`FINISH_CLOSE`.

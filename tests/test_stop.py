@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-CANCELLED = "cancelled at stop"  # harness.run.runner.CANCELLED
+from harness.run.runner import CANCELLED
 from tests.fake_server import Behaviour, FakeServer
 from tests.test_faults import ServerThread, workload
 
