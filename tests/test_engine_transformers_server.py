@@ -94,6 +94,37 @@ def test_every_request_ok_with_the_servers_token_counts(
 
 
 @pytest.mark.slow
+def test_a_one_token_answer_without_text_has_a_first_token(
+    loop: asyncio.AbstractEventLoop, server: TransformersServerEngine
+) -> None:
+    """On the tiny target, "<|eos|>" (after the BOS the server prepends) is answered greedily by
+    <|bos|>: one special token, so one event with empty text, finish_reason and usage. The record
+    still has a first-token time (the answer's first event), says so, and the TTFT counts it."""
+    from engines.sse import FIRST_EVENT, TOKEN_CHUNK
+    from harness.analysis.stats import summarize
+
+    engine = _openai(server, endpoint="completions", served_model=server.config.model)
+    reqs = [
+        Request(id="one", prompt="<|eos|>", max_new_tokens=1),
+        Request(id="n", prompt=PROMPTS[0]),
+    ]
+
+    async def main() -> list[Any]:
+        await engine.start()
+        try:
+            return await Runner(engine).run(reqs, GenParams(max_new_tokens=N), Synchronous())
+        finally:
+            await engine.close()
+
+    one, text = loop.run_until_complete(main())
+    assert one.ok and one.output_tokens == 1 and not one.output_text, one
+    assert one.ttft is not None and 0 < one.ttft <= one.e2e
+    assert one.info["first_token_from"] == FIRST_EVENT
+    assert text.ok and text.info["first_token_from"] == TOKEN_CHUNK
+    assert summarize([one, text])["ttft_s"]["n"] == 2
+
+
+@pytest.mark.slow
 def test_failing_listing_without_a_model_name_says_what_to_pass(
     loop: asyncio.AbstractEventLoop, server: TransformersServerEngine
 ) -> None:
