@@ -20,7 +20,7 @@ import pytest
 
 from harness.run.runner import CANCELLED
 from tests.fake_server import Behaviour, FakeServer
-from tests.test_faults import ServerThread, workload
+from tests.test_faults import ServerThread, run_harness, workload
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOW = 2  # the arrival index of the request that stalls
@@ -131,3 +131,23 @@ def test_sigterm_during_an_hf_generate_keeps_its_record(tmp_path, tiny_pair):
     assert records and records[-1]["error"] == CANCELLED, records
     (run,) = json.loads((out / "results.json").read_text())["runs"]
     assert [r["error"] for r in run["records"]] == [r["error"] for r in records]
+
+
+def test_max_error_rate_ends_like_a_signal(tmp_path, monkeypatch, capsys):
+    """The same end after --max-error-rate: the stalled request is cancelled after the grace
+    and recorded; the run is 'stopped', exit code 1, every record in the journal and results."""
+    monkeypatch.setenv("HARNESS_STOP_GRACE_S", "0.2")
+    stall = Behaviour(tokens=4, fault="stall", fault_after=1)
+    server = FakeServer(lambda i: stall if i == 0 else Behaviour(status=500))
+    with ServerThread(server) as url:
+        code, out = run_harness(tmp_path, url, 40, "--concurrency", "2", "--max-error-rate", "0.2")
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err, err
+    res = json.loads((out / "results.json").read_text())
+    assert res["status"].startswith("stopped: error rate")
+    (run,) = res["runs"]
+    entries = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
+    journalled = [e["record"] for e in entries if e["kind"] == "record"]
+    assert len(journalled) == len(run["records"]) == len(server.requests) < 40
+    (cancelled,) = [r for r in run["records"] if r["id"] == "r0"]
+    assert cancelled["error"] == CANCELLED and cancelled["output_tokens"] == 1
