@@ -8,6 +8,7 @@ third request answers one token and then goes silent: slower than any grace peri
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -15,10 +16,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
-from harness.run.runner import CANCELLED
+from engines.base import Capabilities, Chunk, GenParams, Request
+from harness.core.load import Concurrent
+from harness.run.runner import CANCELLED, Runner
+from tests.clock import ScriptedEngine
 from tests.fake_server import Behaviour, FakeServer
 from tests.test_faults import ServerThread, run_harness, workload
 
@@ -151,3 +156,87 @@ def test_max_error_rate_ends_like_a_signal(tmp_path, monkeypatch, capsys):
     assert len(journalled) == len(run["records"]) == len(server.requests) < 40
     (cancelled,) = [r for r in run["records"] if r["id"] == "r0"]
     assert cancelled["error"] == CANCELLED and cancelled["output_tokens"] == 1
+
+
+# ---- the runner's part: nothing it sent outlives it, nothing is recorded after it returns ----
+
+
+class Hanging(ScriptedEngine):
+    """Requests named "slow*" produce one token, then nothing until cancelled."""
+
+    async def stream(self, request, params, clock=None):
+        yield Chunk(token_ids=(7,), t=time.perf_counter())
+        if request.id.startswith("slow"):
+            await asyncio.Event().wait()
+
+
+class HangingBatches(ScriptedEngine):
+    """Static batches (as HF generate) that produce a token each, then nothing until cancelled."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities(static_batching=True)
+
+    async def stream_batch(self, requests, params, clock=None):
+        for i in range(len(requests)):
+            yield i, Chunk(token_ids=(7,), t=time.perf_counter())
+        await asyncio.Event().wait()
+
+
+def stop_runner(engine, cancel_after: float) -> tuple[Runner, list, dict]:
+    """A runner whose stop comes with the first record, its grace ending ``cancel_after`` later."""
+    state = {"stop": False, "cancel": False}
+    emitted: list = []
+
+    def on_record(rec) -> None:
+        emitted.append(rec)
+        if not state["stop"]:
+            state["stop"] = True
+            asyncio.get_running_loop().call_later(cancel_after, state.update, {"cancel": True})
+
+    runner = Runner(
+        engine,
+        on_record=on_record,
+        should_stop=lambda: state["stop"],
+        cancel_now=lambda: state["cancel"],
+    )
+    return runner, emitted, state
+
+
+def test_the_grace_end_cancels_in_flight_requests_and_records_them():
+    engine = Hanging(None, {})
+    runner, emitted, _ = stop_runner(engine, 0.1)
+    reqs = [Request(i, "x") for i in ("fast", "slow1", "slow2", "never")]
+    records = asyncio.run(runner.run(reqs, GenParams(), Concurrent(3)))
+    assert [r.request_id for r in records] == ["fast", "slow1", "slow2"]  # then no more sent
+    assert [r.error for r in records] == [None, CANCELLED, CANCELLED]
+    assert sorted(map(id, records)) == sorted(map(id, emitted))  # each emitted once, all before
+
+
+def test_a_cancelled_run_records_its_requests_before_it_raises():
+    engine = Hanging(None, {})
+    runner, emitted, _ = stop_runner(engine, 3600)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(runner.run([Request("slow", "x")], GenParams(), Concurrent(1)))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert [r.error for r in emitted] == [CANCELLED]  # recorded before the run raised
+
+    asyncio.run(main())
+
+
+def test_a_static_batch_in_flight_at_the_grace_end_is_recorded_cancelled():
+    engine = HangingBatches(None, {})
+    runner, emitted, state = stop_runner(engine, 3600)
+
+    async def main() -> list:
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.05, state.update, {"stop": True})
+        loop.call_later(0.1, state.update, {"cancel": True})
+        reqs = [Request("a", "x"), Request("b", "x"), Request("c", "x")]
+        return await runner.run(reqs, GenParams(), Concurrent(2))  # batches of 2
+
+    records = asyncio.run(main())
+    assert [(r.request_id, r.error) for r in records] == [("a", CANCELLED), ("b", CANCELLED)]
+    assert len(emitted) == 2
