@@ -240,3 +240,22 @@ def test_a_static_batch_in_flight_at_the_grace_end_is_recorded_cancelled():
     records = asyncio.run(main())
     assert [(r.request_id, r.error) for r in records] == [("a", CANCELLED), ("b", CANCELLED)]
     assert len(emitted) == 2
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_before_the_run_started_is_one_line(monkeypatch, capsys, sig, code):
+    """While flags, files and models are read (no handler of the run's yet): one line, the same
+    exit codes, and SIGTERM's handler given back after."""
+    import harness.cli.run_command
+    from harness.cli.main import main
+
+    def loading(args) -> int:
+        os.kill(os.getpid(), sig)
+        time.sleep(5)  # the signal arrives here
+        raise AssertionError("not interrupted")
+
+    monkeypatch.setattr(harness.cli.run_command, "run_main", loading)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["--engine", "hf"]) == code
+    assert capsys.readouterr().err == f"error: interrupted by {sig.name}\n"
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -4,14 +4,29 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
+from typing import Any
 
 from harness.cli.options import UsageError
 
 
+class Terminated(BaseException):
+    """SIGTERM before a run's own handler took over (while flags, files and models are read)."""
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    before = signal.getsignal(signal.SIGTERM)
+    in_main = threading.current_thread() is threading.main_thread()
+    if in_main:  # SIGTERM as Ctrl-C until a run's own handlers take both (run_command)
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         if argv and argv[0] == "tune":
             from harness.cli import tune_command
@@ -33,3 +48,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `python -m harness report ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except (KeyboardInterrupt, Terminated) as exc:  # e.g. while models load: nothing ran yet
+        name, code = ("SIGINT", 130) if isinstance(exc, KeyboardInterrupt) else ("SIGTERM", 143)
+        print(f"error: interrupted by {name}", file=sys.stderr)
+        return code
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, before)
