@@ -36,13 +36,13 @@ def script(i: int) -> Behaviour:
     return Behaviour(tokens=4, fault="stall", fault_after=1) if i == SLOW else FAST
 
 
-def start(tmp_path: Path, url: str, grace: float) -> tuple[subprocess.Popen, Path]:
+def start(tmp_path: Path, url: str, grace: float, *extra: str) -> tuple[subprocess.Popen, Path]:
     out = tmp_path / "out"
     args = [
         *("--engine", "openai", "--base-url", url, "--model", "fake-model"),
         *("--workload", workload(tmp_path, 4), "--num-prompts", "4", "--mode", "latency"),
         *("--repeats", "1", "--warmup", "0", "--max-new-tokens", "4"),
-        *("--output-dir", str(out), "--quiet", "--no-plots"),
+        *("--output-dir", str(out), "--quiet", "--no-plots", *extra),
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HARNESS_STOP_GRACE_S": str(grace)}
     proc = subprocess.Popen(
@@ -82,11 +82,20 @@ def check_stopped(proc: subprocess.Popen, out: Path, name: str, code: int) -> No
     assert run["summary"]["errors"] == {CANCELLED: 1}
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_a_signal_cancels_the_request_past_the_grace_and_keeps_every_record(tmp_path, sig, code):
+@pytest.mark.parametrize(
+    "sig, code, extra",
+    [
+        (signal.SIGTERM, 143, ()),
+        (signal.SIGINT, 130, ()),
+        (signal.SIGTERM, 143, ("--client-workers", "2")),  # the requests sent by other processes
+    ],
+)
+def test_a_signal_cancels_the_request_past_the_grace_and_keeps_every_record(
+    tmp_path, sig, code, extra
+):
     server = FakeServer(script)
     with ServerThread(server) as url:
-        proc, out = start(tmp_path, url, grace=0.5)
+        proc, out = start(tmp_path, url, 0.5, *extra)
         wait_for(lambda: len(server.requests) > SLOW, proc)
         proc.send_signal(sig)
         check_stopped(proc, out, sig.name, code)
@@ -97,7 +106,7 @@ def test_a_second_signal_cancels_at_once(tmp_path):
     """A grace far longer than the test may take: only the second SIGTERM ends it."""
     server = FakeServer(script)
     with ServerThread(server) as url:
-        proc, out = start(tmp_path, url, grace=3600)
+        proc, out = start(tmp_path, url, 3600)
         wait_for(lambda: len(server.requests) > SLOW, proc)
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)  # (the handler takes signals in order: the second one ends the grace)
