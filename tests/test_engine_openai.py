@@ -77,6 +77,7 @@ def test_token_ids_per_chunk_and_usage() -> None:
         assert end.size == 0 and end.info == {
             "stream_end": "[DONE]",
             "output_tokens_from": "server usage",
+            "first_token_from": "token chunk",
         }
         sent = server.requests[0]
         assert sent.path == "/v1/completions"

@@ -64,7 +64,11 @@ def test_baseline_streams_token_ids_and_usage(servers, loop) -> None:
         assert len(_ids(chunks)) == N
         usage, end = chunks[-2:]  # usage in a chunk of its own, then the ending
         assert usage.usage_output_tokens == N and usage.prompt_tokens > 0
-        assert end.info == {"stream_end": "[DONE]", "output_tokens_from": "server usage"}
+        assert end.info == {
+            "stream_end": "[DONE]",
+            "output_tokens_from": "server usage",
+            "first_token_from": "token chunk",
+        }
         assert timed[0].info == {"replica": base.base_url}
     d = base.describe()
     assert d["argv"][1:4] == ["-m", "vllm.entrypoints.cli.main", "serve"]

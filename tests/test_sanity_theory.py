@@ -29,6 +29,7 @@ CODE = '''def merge(a, b):
 
 
 def rec(text: str | None = None, ids: list[int] | None = None, chunks=(), rid="p") -> RequestRecord:
+    chunks = chunks or ((len(ids),) if ids else ())  # output has a first token (the record check)
     return RequestRecord(
         request_id=rid,
         t_send=0.0,

@@ -30,8 +30,8 @@ GRACE_S = 5.0  # after a stop, in-flight requests get this long before they are 
 
 @dataclass
 class StopFlag:
-    """Set by a signal, by --max-error-rate or by an engine failure: stop sending, give the
-    requests in flight ``grace_s``, then cancel what is left (``expired``); each cancelled
+    """Set by a signal or by --max-error-rate: stop sending, give the requests in flight
+    ``grace_s``, then cancel what is left (``expired``; the runner polls it); each cancelled
     request is a failed record (``harness.run.runner.CANCELLED``)."""
 
     reason: str | None = None
