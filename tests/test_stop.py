@@ -64,7 +64,9 @@ def wait_for(what, proc: subprocess.Popen, timeout: float = 120) -> None:
         time.sleep(0.05)
 
 
-def check_stopped(proc: subprocess.Popen, out: Path, name: str, code: int) -> None:
+def check_stopped(
+    proc: subprocess.Popen, out: Path, name: str, code: int, grace: float = 0.5
+) -> None:
     _, err = proc.communicate(timeout=120)  # the grace of the second-signal case is far longer
     assert proc.returncode == code, err[-3000:]
     assert "Traceback" not in err and "unhandled exception" not in err, err[-3000:]
@@ -74,6 +76,7 @@ def check_stopped(proc: subprocess.Popen, out: Path, name: str, code: int) -> No
     journalled = [e["record"] for e in entries if e["kind"] == "record"]
     res = json.loads((out / "results.json").read_text())
     assert res["status"] == f"interrupted ({name})"
+    assert res["config"]["stop_grace_s"] == grace  # the plan holds the setting it ran with
     (run,) = res["runs"]
     for records in (journalled, run["records"]):
         assert [r["id"] for r in records] == ["r0", "r1", "r2"]  # r3 was never sent
@@ -111,7 +114,7 @@ def test_a_second_signal_cancels_at_once(tmp_path):
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)  # (the handler takes signals in order: the second one ends the grace)
         proc.send_signal(signal.SIGTERM)
-        check_stopped(proc, out, "SIGTERM", 143)
+        check_stopped(proc, out, "SIGTERM", 143, grace=3600)
 
 
 @pytest.mark.slow
@@ -268,3 +271,11 @@ def test_a_signal_before_the_run_started_is_one_line(monkeypatch, capsys, sig, c
     assert main(["--engine", "hf"]) == code
     assert capsys.readouterr().err == f"error: interrupted by {sig.name}\n"
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_bad_grace_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HARNESS_STOP_GRACE_S", "soon")
+    code, out = run_harness(tmp_path, "http://127.0.0.1:9/v1", 3)
+    err = capsys.readouterr().err
+    assert code == 2 and err == "error: $HARNESS_STOP_GRACE_S: not a number of seconds: 'soon'\n"
+    assert not out.exists()

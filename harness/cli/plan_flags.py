@@ -4,6 +4,7 @@ dataset, the speculative variants and the per-engine options; every check that n
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +17,7 @@ from harness.cli.options import UsageError, goodput, json_arg, kv_args, variant_
 from harness.cli.vllm_flags import api_root
 from harness.core.design import PER_BLOCK
 from harness.run.lanes import can_rebuild
-from harness.run.plan import RunPlan, check_engines, parse_methods
+from harness.run.plan import GRACE_S, RunPlan, check_engines, parse_methods
 
 # 4 prompts x 32 tokens: with a fresh engine per block (4 builds and closes, ~20-30 s a block)
 # the main job took 10 min 47 s at 40 tokens (fresh clone, 2026-11-30 20:30 UTC)
@@ -26,6 +27,22 @@ DEFAULT_CONCURRENCY = 4  # one load point: 4 in flight (the main job must fit 10
 # --token-ids: forced on, forced off, or (None) as the run needs: when it compares outputs or a
 # speculative variant streams several tokens per event
 TOKEN_IDS = {"on": True, "off": False, "auto": None}
+GRACE_ENV = "HARNESS_STOP_GRACE_S"  # seconds in-flight requests get after a stop (default 5)
+
+
+def stop_grace_s() -> float:
+    """The stop's grace period (docs/reliability.md): ``$HARNESS_STOP_GRACE_S`` (a test or a
+    scheduler with a shorter kill timeout sets it), else 5 s."""
+    raw = os.environ.get(GRACE_ENV)
+    if raw is None:
+        return GRACE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise UsageError(f"${GRACE_ENV}: not a number of seconds: {raw!r}") from None
+    if not value >= 0:
+        raise UsageError(f"${GRACE_ENV}: must be >= 0 seconds, got {raw!r}")
+    return value
 
 
 def build_plan(
@@ -144,6 +161,7 @@ def build_plan(
         instances=args.instances,
         sample_load_s=args.sample_server_load,
         max_error_rate=args.max_error_rate,
+        stop_grace_s=stop_grace_s(),
         min_effect=args.min_effect,
         goodput=goodput(args.goodput),
         plots=not args.no_plots,

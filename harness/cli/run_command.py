@@ -26,29 +26,13 @@ from harness.cli.preflight import (
 )
 from harness.core.results import Run
 from harness.run.journal import Journal, new_session_id, recorded_session, runs_from_journal
-from harness.run.lanes import GRACE_S
 from harness.run.plan import PlanError, RunPlan
 from harness.run.runner import settle
 
 if TYPE_CHECKING:
     from workloads import Workload
 
-GRACE_ENV = "HARNESS_STOP_GRACE_S"  # seconds in-flight requests get after a stop (default 5)
 EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}  # 128 + the signal's number, as a shell reports
-
-
-def grace_s() -> float:
-    """The stop's grace period: ``$HARNESS_STOP_GRACE_S`` (tests shorten it), else 5 s."""
-    raw = os.environ.get(GRACE_ENV)
-    if raw is None:
-        return GRACE_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise UsageError(f"${GRACE_ENV}: not a number of seconds: {raw!r}") from None
-    if not value >= 0:
-        raise UsageError(f"${GRACE_ENV}: must be >= 0, got {raw!r}")
-    return value
 
 
 def run_main(args: argparse.Namespace) -> int:
@@ -64,10 +48,9 @@ def run_main(args: argparse.Namespace) -> int:
         check_endpoint(configs, workload.requests)
         check_servers(configs)
         validate_configs(plan, configs)
-        grace = grace_s()
     except (UsageError, PlanError, EngineError, WorkloadError) as exc:
         raise UsageError(str(exc)) from None
-    return asyncio.run(_execute(plan, configs, workload, out, grace))
+    return asyncio.run(_execute(plan, configs, workload, out))
 
 
 async def _execute(
@@ -75,7 +58,6 @@ async def _execute(
     configs: list[tuple[str, EngineConfig]],
     workload: Workload,
     out: Path,
-    grace: float = GRACE_S,
 ) -> int:
     from harness.run.session import Session
 
@@ -98,7 +80,7 @@ async def _execute(
         progress=plan.progress,
     )
     session.runs.extend(r for r in previous if r.cell.key in done)
-    session.stop.grace_s = grace
+    session.stop.grace_s = grace = plan.stop_grace_s
     loop = asyncio.get_running_loop()
     interrupted: list[str] = []
 

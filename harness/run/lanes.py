@@ -11,6 +11,7 @@ from typing import Any
 
 from engines.base import Engine, EngineConfig, SpecCounters
 from harness.core.design import ONE, PER_BLOCK
+from harness.run.plan import GRACE_S
 from harness.run.runner import error_line
 
 
@@ -23,9 +24,6 @@ def unsupported_method(config: EngineConfig) -> str | None:
     if method is None or method in engine_class(config.engine).spec_methods:
         return None
     return f"unsupported ({config.engine} has no {method})"
-
-
-GRACE_S = 5.0  # after a stop, in-flight requests get this long before they are cancelled
 
 
 @dataclass

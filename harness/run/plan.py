@@ -35,6 +35,9 @@ class Point:
     max_new_tokens: int
 
 
+GRACE_S = 5.0  # after a stop, in-flight requests get this long before they are cancelled
+
+
 @dataclass(frozen=True)
 class RunPlan:
     engines: tuple[str, ...]
@@ -84,6 +87,7 @@ class RunPlan:
     instances: str | None = None  # harness.core.design.INSTANCES; None: per engine (rebuild_per_block)
     sample_load_s: float | None = None  # sample server gauges this often during runs
     max_error_rate: float | None = None  # stop the run once this share of requests failed
+    stop_grace_s: float = GRACE_S  # in-flight requests' grace after a stop ($HARNESS_STOP_GRACE_S)
     # ---- analysis and output (never change a measurement)
     min_effect: float = 0.02
     goodput: Mapping[str, float] | None = None  # SLOs in ms: ttft, tpot, e2e
@@ -228,7 +232,7 @@ NOT_MEASURED = frozenset(
     {
         "repeats", "target_ci", "max_repeats", "min_effect", "goodput", "max_error_rate",
         "metric_percentiles", "percentile_metrics", "metadata", "plots", "progress",
-        "save_vllm_json", "result_filename", "resume", "token_ids",
+        "save_vllm_json", "result_filename", "resume", "token_ids", "stop_grace_s",
     }
 )  # fmt: skip
 # Engine options that only decide how long to wait for a server or where its key is, or say why,
