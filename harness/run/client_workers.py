@@ -63,6 +63,7 @@ __all__ = ["ClientPool", "Share", "lost_records", "refusal", "shifted", "split",
 
 START_TIMEOUT_S = 120.0
 POLL_S = 0.05  # the parent checks the run's stop flag this often
+DRAIN_S = 5.0  # a cancelled or failed run still takes the workers' records this long
 PINGS = 3
 
 
@@ -235,47 +236,70 @@ class ClientPool:
         cpu = [0.0] * len(self.handles)
         pending = set(targets)
         got: dict[int, set[str]] = {i: set() for i in targets}
-        stopped = False
-        try:
-            while pending:
-                if not stopped and runner.should_stop():
-                    stopped = True
-                    self._send_all(Stop(job))
+
+        def take(i: int, msg: Any) -> None:
+            """One message of worker ``i``: its records journalled as they come, its end."""
+            if isinstance(msg, Records) and msg.job == job:
+                for rec in msg.records:
+                    rec = shifted(rec, -self.handles[i].offset_s)  # onto the runner's clock
+                    got[i].add(rec.request_id)
+                    records.append((rec.t_send, i, len(records), rec))
+                    if runner.on_record is not None:
+                        runner.on_record(rec)
+            elif isinstance(msg, Done) and msg.job == job:
+                pending.discard(i)
+                cpu[i] = msg.cpu_s
+                if msg.error is not None and msg.error != "cancelled":
+                    raise EngineError(f"client worker {i}: {msg.error}")
+            elif isinstance(msg, (Exited, Failed)):
+                why = f"client worker {i}: {_why(msg, self.handles[i])}"
+                if not self.survive_deaths:
+                    raise EngineError(why)
+                self.handles[i].gone = True
+                if i not in pending:
+                    return
+                pending.discard(i)
+                lost = lost_records(
+                    requests, targets[i], i, got[i], t0, runner.clock(), why, warmup, duration
+                )
+                self.deaths.append({"worker": i, "job": job, "lost": len(lost), "why": why})
+                for rec in lost:
+                    records.append((rec.t_send, i, len(records), rec))
+                    if runner.on_record is not None:
+                        runner.on_record(rec)
+
+        stopped = cancelled = interrupted = False
+        failure: EngineError | None = None
+        drain_until: float | None = None  # cancelled or failed: the others' records still come
+        while pending and (drain_until is None or time.monotonic() < drain_until):
+            if not stopped and runner.should_stop():
+                stopped = True
+                self._send_all(Stop(job))
+            if not cancelled and runner.cancel_now():  # the stop's grace is over
+                cancelled = True
+                self._send_all(Stop(job, cancel=True))
+            try:
+                i, msg = await asyncio.wait_for(self.inbox.get(), POLL_S)
+            except asyncio.TimeoutError:
+                continue
+            except asyncio.CancelledError:  # the workers' cancelled records first, then go
+                if interrupted:
+                    raise
+                interrupted = True
+            else:
                 try:
-                    i, msg = await asyncio.wait_for(self.inbox.get(), POLL_S)
-                except asyncio.TimeoutError:
+                    take(i, msg)
                     continue
-                if isinstance(msg, Records) and msg.job == job:
-                    for rec in msg.records:
-                        rec = shifted(rec, -self.handles[i].offset_s)  # onto the runner's clock
-                        got[i].add(rec.request_id)
-                        records.append((rec.t_send, i, len(records), rec))
-                        if runner.on_record is not None:
-                            runner.on_record(rec)
-                elif isinstance(msg, Done) and msg.job == job:
+                except EngineError as exc:
+                    failure = failure or exc
                     pending.discard(i)
-                    cpu[i] = msg.cpu_s
-                    if msg.error is not None and msg.error != "cancelled":
-                        raise EngineError(f"client worker {i}: {msg.error}")
-                elif isinstance(msg, (Exited, Failed)):
-                    why = f"client worker {i}: {_why(msg, self.handles[i])}"
-                    if not self.survive_deaths:
-                        raise EngineError(why)
-                    self.handles[i].gone = True
-                    if i not in pending:
-                        continue
-                    pending.discard(i)
-                    lost = lost_records(
-                        requests, targets[i], i, got[i], t0, runner.clock(), why, warmup, duration
-                    )
-                    self.deaths.append({"worker": i, "job": job, "lost": len(lost), "why": why})
-                    for rec in lost:
-                        records.append((rec.t_send, i, len(records), rec))
-                        if runner.on_record is not None:
-                            runner.on_record(rec)
-        except asyncio.CancelledError:
-            self._send_all(Stop(job, cancel=True))
-            raise
+            if drain_until is None:
+                self._send_all(Stop(job, cancel=True))
+                cancelled, drain_until = True, time.monotonic() + DRAIN_S
+        if interrupted:
+            raise asyncio.CancelledError
+        if failure is not None:
+            raise failure
         self.last_cpu_s = cpu
         return [rec for *_, rec in sorted(records, key=lambda r: r[:3])]
 
