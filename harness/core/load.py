@@ -120,6 +120,10 @@ class Poisson:
 
 def strategy_from_json(d: dict[str, Any]) -> LoadStrategy:
     """Rebuild a strategy from its JSON form (used by report/compare/resume)."""
+    if "ramp_up_strategy" in d:
+        from harness.core.ramp import ramp_from_json
+
+        return ramp_from_json(d)
     if "request_rate" in d:
         if d.get("arrivals") == "constant":
             return Constant(float(d["request_rate"]), d.get("concurrency"))

@@ -88,6 +88,15 @@ class RunPlan:
     sample_load_s: float | None = None  # sample server gauges this often during runs
     max_error_rate: float | None = None  # stop the run once this share of requests failed
     stop_grace_s: float = GRACE_S  # in-flight requests' grace after a stop ($HARNESS_STOP_GRACE_S)
+    # ---- ramp-up, saturation, capacity under an SLO (harness.core.ramp, harness.run.capacity)
+    ramp_up_strategy: str | None = None  # vLLM bench's: "linear" | "exponential"
+    ramp_up_start_rps: float | None = None
+    ramp_up_end_rps: float | None = None
+    detect_saturation: bool = False  # stop an open-loop point that saturates (run.saturation)
+    slo: Mapping[str, float] | None = None  # --slo: capacity search, ms per metric
+    slo_quantile: float = 0.9
+    slo_start_rate: float = 1.0  # the search's first probed rate (req/s)
+    slo_max_probes: int = 8  # rates probed at most (each runs every variant, interleaved)
     # ---- analysis and output (never change a measurement)
     min_effect: float = 0.02
     goodput: Mapping[str, float] | None = None  # SLOs in ms: ttft, tpot, e2e
@@ -164,6 +173,11 @@ class RunPlan:
             return [TraceReplay(self.trace_schedule, scale, cap) for cap in caps]
         out: list[LoadStrategy] = []
         caps: list[int | None] = list(self.concurrency) or [None]
+        if self.ramp_up_strategy is not None:
+            from harness.core.ramp import Ramp
+
+            start, end = float(self.ramp_up_start_rps or 0.0), float(self.ramp_up_end_rps or 0.0)
+            return [Ramp(self.ramp_up_strategy, start, end, self.burstiness, self.seed, c) for c in caps]
         if self.request_rates:
             for rate in self.request_rates:
                 for cap in caps:
@@ -202,7 +216,7 @@ class RunPlan:
         if point.mode != "throughput" or not requests or self.trace_schedule:
             return requests  # a trace: its own lines, each once
         if self.duration is not None:
-            rate = getattr(point.strategy, "rate", 0.0)
+            rate = getattr(point.strategy, "rate", getattr(point.strategy, "end_rps", 0.0))
             return Cycled(requests, max(100_000, int(rate * self.duration * 3)), self.seed)
         if self.fill_concurrency and cap and len(requests) < STEADY_WAVES * cap:
             return Cycled(requests, STEADY_WAVES * cap, self.seed)

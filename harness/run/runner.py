@@ -157,9 +157,12 @@ class Runner:
         return record
 
     async def _one(
-        self, request: Request, params: GenParams, warmup: bool, t_send: float
-    ) -> RequestRecord:
+        self, request: Request, params: GenParams, warmup: bool, t_send: float,
+        rate: float | None = None,
+    ) -> RequestRecord:  # fmt: skip
         timing = _Timing(request, t_send, warmup)
+        if rate is not None:  # a ramp: the asked rate at this request's send (harness.core.ramp)
+            timing.info["request_rate"] = rate
         error = None
         try:
             async for chunk in self.engine.stream(request, params, self.clock):
@@ -180,14 +183,15 @@ class Runner:
         t0: float | None = None,
     ) -> list[RequestRecord]:
         offsets = strategy.offsets(len(requests))
+        rates = strategy.rates(len(requests)) if hasattr(strategy, "rates") else None
         slots = asyncio.Semaphore(strategy.max_concurrency) if strategy.max_concurrency else None
         t0 = self.clock() if t0 is None else t0
         tasks: list[asyncio.Task[RequestRecord]] = []
         sent: list[tuple[Request, float]] = []
 
-        async def go(req: Request, t_send: float) -> RequestRecord:
+        async def go(req: Request, t_send: float, rate: float | None) -> RequestRecord:
             try:
-                return await self._one(req, params, warmup, t_send)
+                return await self._one(req, params, warmup, t_send, rate)
             finally:
                 if slots is not None:
                     slots.release()
@@ -195,7 +199,7 @@ class Runner:
         watch = asyncio.ensure_future(self._cancel_at_stop(tasks))
         try:
             end = None if duration is None else t0 + duration
-            for req, offset in zip(requests, offsets):
+            for i, (req, offset) in enumerate(zip(requests, offsets)):
                 if end is not None and t0 + offset >= end:
                     break
                 if self.should_stop():
@@ -210,7 +214,8 @@ class Runner:
                         slots.release()
                     break
                 t_send = self.clock()
-                tasks.append(asyncio.ensure_future(go(req, t_send)))
+                rate = None if rates is None else rates[i]
+                tasks.append(asyncio.ensure_future(go(req, t_send, rate)))
                 sent.append((req, t_send))
             await settle(tasks)
         except BaseException:

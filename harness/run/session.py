@@ -44,6 +44,7 @@ from harness.run.load_sampler import LoadSampler
 from harness.run.plan import Point, RunPlan
 from harness.run.ray_clients import start_pool
 from harness.run.runner import Runner, error_line
+from harness.run.saturation import monitor_for
 
 
 @dataclass
@@ -318,9 +319,11 @@ class Session:
 
         requests = self.plan.point_requests(p, self.requests)
         bar = progress_bar(self.progress, cell.name, None if self.plan.duration else len(requests))
+        monitor = monitor_for(self.plan, p.strategy, len(requests), self.clock)  # saturation
 
         def on_record(rec: RequestRecord) -> None:
             records.append(rec)
+            monitor.add(rec)
             if self.journal:
                 self.journal.write("record", {"key": cell.key, "record": rec.to_json(t0)})
             if bar is not None and not rec.warmup:
@@ -337,7 +340,7 @@ class Session:
             engine,
             clock=self.clock,
             on_record=on_record,
-            should_stop=lambda: bool(self.stop),
+            should_stop=lambda: bool(self.stop) or monitor.should_stop(),
             cancel_now=lambda: self.stop.expired,
             clients=lane.clients,
         )
@@ -374,6 +377,7 @@ class Session:
                 bar.close()
         if self.stop and status == "ok":
             status = f"stopped: {self.stop.reason}"
+        status, extra = monitor.outcome(status, extra)  # "saturated: ..." when it was
         slot = replace(slot, t_end_s=self.clock() - self._t0)
         run = Run(
             cell, config.spec_config, tuple(records), t0, spec_metrics, info, status, extra, slot

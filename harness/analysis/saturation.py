@@ -1,0 +1,111 @@
+"""Over-saturation: whether the system under test no longer keeps up with the offered load
+(GuideLLM's over-saturation idea: requests in flight and TTFT both trending up).
+
+Below its service rate a server's queue is stationary: the requests in flight and the TTFT
+fluctuate around a level. Above it arrivals outpace completions, so both grow linearly with
+time and a latency measured there only measures how long the point ran. The test is
+sequential (a look every few completions), so its false-alarm rate is bounded by spending
+``alpha`` over the looks (Bonferroni) and by asking for an effect, not only a significant
+slope: over the recent half of the point, completions must fall short of arrivals by
+``DEFICIT`` of them (and 4 requests) and the TTFT must grow by ``GROWTH`` of the median E2E. A stationary
+queue's autocorrelation inflates a slope's t; the effect floor is what keeps the alarms rare.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+
+GROWTH = 0.5  # TTFT growth over the window, relative to the median E2E, that counts
+DEFICIT = 0.15  # arrivals in the window that completions did not match, as a share of them
+MIN_DEFICIT = 6  # ... and at least this many requests
+MIN_REQUESTS = 20  # completions before the first look
+EVERY = 5  # completions between looks
+ALPHA = 0.01  # the false-alarm budget of one point, spent over its looks
+
+
+def slope_t(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """OLS slope of ``y`` on ``x`` and its t statistic (0, 0 when undefined)."""
+    n = x.size
+    if n < 4:
+        return 0.0, 0.0
+    xc = x - x.mean()
+    sxx = float(xc @ xc)
+    if sxx <= 0:
+        return 0.0, 0.0
+    b = float(xc @ (y - y.mean())) / sxx
+    resid = y - y.mean() - b * xc
+    s2 = float(resid @ resid) / (n - 2)
+    if s2 <= 0:
+        return b, math.inf if b > 0 else -math.inf if b < 0 else 0.0
+    return b, b / math.sqrt(s2 / sxx)
+
+
+def critical_t(looks: int, alpha: float = ALPHA) -> float:
+    """The one-sided bound each look must pass: the (1 - alpha/looks) normal quantile."""
+    return NormalDist().inv_cdf(1.0 - alpha / max(looks, 1))
+
+
+def saturation_check(
+    sends: Sequence[float],
+    ends: Sequence[float],
+    ttft_sends: Sequence[float],
+    ttfts: Sequence[float],
+    e2es: Sequence[float],
+    now: float,
+    looks: int,
+    alpha: float = ALPHA,
+) -> dict[str, Any] | None:
+    """One look: ``sends`` the send times so far, ``ends`` the end times of the requests done
+    by ``now``; ``ttft_sends``, ``ttfts``, ``e2es`` the send time, TTFT and E2E of each of those
+    that streamed a token. Returns the evidence when saturated, else None.
+
+    In flight: the recent half of the point's time (past the queue's fill from empty), its
+    slope significant and rising third by third, and the arrivals there outpacing the
+    completions by >= max(MIN_DEFICIT, DEFICIT x the arrivals): a stationary queue's in flight wanders by a
+    bounded count, while an overloaded one's grows with the window. TTFT: over the recent half of the finished requests (in send order), its
+    slope significant and its growth >= GROWTH x the median E2E there (the service time's
+    scale: a stationary queue's TTFT wanders by less than that)."""
+    s = np.sort(np.asarray(sends, dtype=float))
+    s = s[s <= now]
+    if s.size < 8:
+        return None
+    done = np.sort(np.asarray(ends, dtype=float))
+    in_flight = np.arange(1, s.size + 1) - np.searchsorted(done, s, side="right")
+    start = s[0] + (now - s[0]) / 2
+    w = s >= start
+    span = now - start
+    x, q = s[w], in_flight[w].astype(float)
+    order = np.argsort(np.asarray(ttft_sends, dtype=float), kind="stable")
+    tx = np.asarray(ttft_sends, dtype=float)[order]
+    ty = np.asarray(ttfts, dtype=float)[order]
+    te = np.asarray(e2es, dtype=float)[order]
+    half = tx.size // 2
+    tx, ty, te = tx[half:], ty[half:], te[half:]
+    if x.size < 6 or tx.size < 6 or span <= 0 or tx[-1] <= tx[0]:
+        return None
+    bq, tq = slope_t(x, q)
+    bt, tt = slope_t(tx, ty)
+    crit = critical_t(looks, alpha)
+    thirds = [float(part.mean()) for part in np.array_split(q, 3)]
+    rising = thirds[0] < thirds[1] < thirds[2]
+    arrived = int(w.sum())
+    deficit = arrived - int(np.count_nonzero(done >= start))  # arrivals not matched by completions
+    grows_q = bq > 0 and deficit >= max(MIN_DEFICIT, DEFICIT * arrived)
+    grows_t = bt * (tx[-1] - tx[0]) >= GROWTH * float(np.median(te))
+    if not (tq > crit and tt > crit and grows_q and grows_t and rising):
+        return None
+    return {
+        "in_flight_slope_per_s": bq,
+        "arrivals_unmatched": deficit,
+        "arrivals": arrived,
+        "in_flight_t": tq,
+        "ttft_slope_s_per_s": bt,
+        "ttft_t": tt,
+        "critical_t": crit,
+        "window_s": float(span),
+    }
