@@ -1,0 +1,192 @@
+"""Capacity under an SLO: the highest request rate at which a variant still meets
+``--slo ttft:MS tpot:MS [e2e:MS]`` at ``--slo-quantile`` (each metric's quantile under its
+bound), the search that finds it with few probed rates, and the paired ratio of two variants'
+capacities with a CI.
+
+A probe is one run: one variant at one rate, one repeat. Its *margin* is
+``max over metrics of log(quantile / bound)``: <= 0 where the SLO holds; it grows with the rate,
+so a variant's capacity is where its margin crosses 0. The search brackets that crossing by
+doubling (or halving) the rate, then bisects (in log rate) the widest bracket; every variant
+runs at every probed rate, interleaved, so drift falls on all alike. Per repeat ``b`` (the unit,
+as in :mod:`harness.analysis.stats`), the capacity is where the line through that repeat's
+margins at the bracket's two rates crosses 0; the CI is a t-interval
+over repeats of the log capacity, and the ratio candidate / baseline pairs the repeats.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from harness.analysis.stats import GOODPUT_METRICS, compare_log_ratios, log_ratio_ci
+from harness.core.results import Run
+
+SATURATED_MARGIN = math.log(2.0)  # a saturated probe fails: its margin is at least this
+TOLERANCE = 0.05  # bisect until every bracket's hi / lo <= 1 + this
+RATE_LIMITS = (1e-3, 1e5)  # the search stops expanding beyond these (req/s)
+METHOD = "t on per-repeat log capacities"
+
+
+def margin_of(quantiles: Mapping[str, float | None], slo_ms: Mapping[str, float]) -> float:
+    """max over the SLO's metrics of log(quantile / bound); +inf where a metric is missing."""
+    out = -math.inf
+    for name, ms in slo_ms.items():
+        v = quantiles.get(name)
+        if v is None or v <= 0:
+            return math.inf if v is None else out
+        out = max(out, math.log(v * 1000.0 / ms))
+    return out
+
+
+def probe_entry(run: Run, slo_ms: Mapping[str, float], q: float) -> dict[str, Any] | None:
+    """One run as a probe: its rate, margin, SLO attainment (the smallest share of requests
+    meeting one metric's bound), quantiles (s), and whether it saturated. None: not a rate."""
+    rate = run.cell.load.get("request_rate")
+    if rate is None or not (run.status == "ok" or run.status.startswith("saturated")):
+        return None
+    rs = run.counted
+    quant: dict[str, float | None] = {}
+    shares = []
+    for name in ("ttft", "tpot", "e2e"):
+        xs = np.array([v for r in rs if (v := GOODPUT_METRICS[name](r)) is not None], dtype=float)
+        quant[name] = float(np.quantile(xs, q)) if xs.size else None
+        if name in slo_ms:
+            shares.append(float(np.mean(xs * 1000.0 <= slo_ms[name])) if xs.size else 0.0)
+    saturated = run.status.startswith("saturated")
+    m = margin_of(quant, slo_ms)
+    return {
+        "variant": f"{run.cell.engine}/{run.cell.label}",
+        "rate": float(rate),
+        "repeat": run.cell.repeat,
+        "margin": max(m, SATURATED_MARGIN) if saturated else m,
+        "attainment": min(shares) if shares else None,
+        "quantiles_s": quant,
+        "saturated": saturated,
+        "n": len(rs),
+    }
+
+
+def _means(probes: Sequence[Mapping[str, Any]], variant: str) -> dict[float, float]:
+    by: dict[float, list[float]] = {}
+    for p in probes:
+        if p["variant"] == variant:
+            by.setdefault(p["rate"], []).append(min(p["margin"], 50.0))
+    return {r: float(np.mean(v)) for r, v in sorted(by.items())}
+
+
+def bracket(probes: Sequence[Mapping[str, Any]], variant: str) -> tuple[float | None, float | None]:
+    """(lo, hi): the lowest rate whose mean margin fails (>= 0) and the highest below it that
+    holds; None where no probed rate fails (hi) or none below the failing one holds (lo)."""
+    means = _means(probes, variant)
+    hi = next((r for r, m in means.items() if m >= 0), None)
+    held = [r for r, m in means.items() if m < 0 and (hi is None or r < hi)]
+    return (max(held) if held else None), hi
+
+
+def next_rate(
+    probes: Sequence[Mapping[str, Any]],
+    variants: Sequence[str],
+    start: float,
+    max_probes: int,
+    tol: float = TOLERANCE,
+) -> float | None:
+    """The next rate to probe (every variant), or None when every capacity is bracketed to
+    ``tol`` or ``max_probes`` rates were probed."""
+    rates = sorted({p["rate"] for p in probes})
+    if not rates:
+        return start
+    if len(rates) >= max_probes:
+        return None
+    spans = []
+    for v in variants:
+        lo, hi = bracket(probes, v)
+        if hi is None:
+            r = rates[-1] * 2
+            return r if r <= RATE_LIMITS[1] else None
+        if lo is None:
+            r = rates[0] / 2
+            return r if r >= RATE_LIMITS[0] else None
+        spans.append((hi / lo, lo, hi))
+    ratio, lo, hi = max(spans)
+    return math.sqrt(lo * hi) if ratio > 1 + tol else None
+
+
+def _per_repeat(
+    probes: Sequence[Mapping[str, Any]], variant: str, lo: float, hi: float
+) -> dict[int, float]:
+    """Per repeat: the log rate where the line through that repeat's margins at ``lo`` and
+    ``hi`` crosses 0 (its own slope, so that the slope's noise is in the spread over repeats;
+    the pooled one where a repeat's is not positive)."""
+    means = _means(probes, variant)
+    x0, x1 = math.log(lo), math.log(hi)
+    slope = (means[hi] - means[lo]) / (x1 - x0)
+    at: dict[int, dict[float, float]] = {}
+    for p in probes:
+        if p["variant"] == variant and p["rate"] in (lo, hi):
+            at.setdefault(p["repeat"], {})[p["rate"]] = min(p["margin"], 50.0)
+    out = {}
+    for b, m in at.items():
+        m_lo, m_hi = m.get(lo, means[lo]), m.get(hi, means[hi])  # a side not run: pooled
+        own = (m_hi - m_lo) / (x1 - x0)
+        out[b] = x0 - m_lo / (own if own > 0 else slope)
+    return out
+
+
+def capacities(
+    probes: Sequence[Mapping[str, Any]], variants: Sequence[str], min_effect: float
+) -> dict[str, Any]:
+    """Each variant's capacity with its CI, and every variant's ratio over the first (the
+    baseline) with a CI and verdict, paired by repeat."""
+    per: dict[str, dict[int, float]] = {}
+    rows = []
+    for v in variants:
+        lo, hi = bracket(probes, v)
+        row: dict[str, Any] = {"variant": v, "bracket": [lo, hi], "method": METHOD}
+        if lo is None or hi is None:
+            rates = sorted(p["rate"] for p in probes if p["variant"] == v)
+            row.update(
+                capacity=None, lo=None, hi=None, n=0,
+                status="holds at every probed rate" if hi is None else "fails at every probed rate",
+                bound=(rates[-1] if hi is None else rates[0]) if rates else None,
+            )  # fmt: skip
+        else:
+            per[v] = _per_repeat(probes, v, lo, hi)
+            logs = np.array(list(per[v].values()), dtype=float)
+            est, clo, chi = (float(x) for x in log_ratio_ci(logs))
+            row.update(
+                capacity=est, lo=None if math.isnan(clo) else clo,
+                hi=None if math.isnan(chi) else chi, n=int(logs.size), status="bracketed",
+            )  # fmt: skip
+        rows.append(row)
+    ratios = []
+    base = variants[0] if variants else None
+    for v in variants[1:]:
+        if base not in per or v not in per:
+            continue
+        common = sorted(per[base].keys() & per[v].keys())
+        d = [per[v][b] - per[base][b] for b in common]
+        comp = compare_log_ratios("capacity", d, min_effect).to_json()
+        comp["method"] = "t on per-repeat log capacity ratios"
+        ratios.append({"baseline": base, "candidate": v, **comp})
+    return {"variants": rows, "ratios": ratios}
+
+
+def capacity_analysis(
+    runs: Sequence[Run], slo_ms: Mapping[str, float], q: float, min_effect: float
+) -> dict[str, Any]:
+    """results.json's ``capacity``: the SLO, every probe, each variant's capacity and the
+    ratios (:func:`capacities`), and the crossover by rate."""
+    from harness.analysis.capacity_crossover import rate_crossover
+
+    probes = [e for r in runs if (e := probe_entry(r, slo_ms, q)) is not None]
+    variants = list(dict.fromkeys(p["variant"] for p in probes))
+    return {
+        "slo_ms": dict(slo_ms),
+        "quantile": q,
+        "probes": probes,
+        **capacities(probes, variants, min_effect),
+        "crossover": rate_crossover(probes, variants),
+    }

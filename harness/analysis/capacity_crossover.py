@@ -1,0 +1,75 @@
+"""The crossover in capacity terms: the request rate at which a speculative variant's latency
+(E2E at the SLO's quantile: the deciding latency at a rate, as in
+:func:`harness.analysis.paired.deciding_metric`) stops being better than the baseline's, with a
+CI, from the capacity search's probed points (saturated probes left out: their latency only
+measured the queue)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from harness.analysis.stats import log_ratio_ci
+
+METRIC = "e2e"
+
+
+def _logs(
+    probes: Sequence[Mapping[str, Any]], base: str, cand: str
+) -> dict[float, dict[int, float]]:
+    """rate -> repeat -> log(base / cand) of the quantile, where both ran unsaturated."""
+    at: dict[tuple[str, float, int], float] = {}
+    for p in probes:
+        v = (p.get("quantiles_s") or {}).get(METRIC)
+        if not p.get("saturated") and v is not None and v > 0:
+            at[(p["variant"], p["rate"], p["repeat"])] = math.log(v)
+    out: dict[float, dict[int, float]] = {}
+    for (v, rate, b), x in at.items():
+        if v == base and (cand, rate, b) in at:
+            out.setdefault(rate, {})[b] = x - at[(cand, rate, b)]
+    return dict(sorted(out.items()))
+
+
+def rate_crossover(
+    probes: Sequence[Mapping[str, Any]], variants: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Per candidate (vs the first variant): "pays at every probed rate", "never pays", or
+    "stops paying" at a rate with a 95% CI (t over repeats of the log rate where that repeat's
+    log speedup, interpolated in log rate between the bracketing probed rates, crosses 0)."""
+    out = []
+    base = variants[0] if variants else None
+    for cand in variants[1:]:
+        logs = _logs(probes, base, cand)
+        if len(logs) < 1:
+            continue
+        rates = list(logs)
+        means = [float(np.mean(list(logs[r].values()))) for r in rates]
+        entry: dict[str, Any] = {
+            "baseline": base, "candidate": cand, "metric": METRIC,
+            "points": [{"rate": r, "log_speedup": m} for r, m in zip(rates, means)],
+        }  # fmt: skip
+        stop = next((k for k, m in enumerate(means) if m <= 0), None)
+        if stop is None:
+            entry.update(kind="pays at every probed rate", at=rates[-1])
+        elif stop == 0:
+            entry.update(kind="never pays", at=rates[0])
+        else:
+            lo, hi = rates[stop - 1], rates[stop]
+            x0, x1 = math.log(lo), math.log(hi)
+            cross = []
+            for b in sorted(logs[lo].keys() & logs[hi].keys()):
+                d0, d1 = logs[lo][b], logs[hi][b]
+                slope = (d1 - d0) / (x1 - x0)
+                pooled = (means[stop] - means[stop - 1]) / (x1 - x0)
+                cross.append(x0 - d0 / (slope if slope < 0 else pooled))
+            est, clo, chi = (float(x) for x in log_ratio_ci(np.array(cross, dtype=float)))
+            entry.update(
+                kind="stops paying", pays_up_to=lo, at=est,
+                lo=None if math.isnan(clo) else clo, hi=None if math.isnan(chi) else chi,
+                n=len(cross),
+            )  # fmt: skip
+        out.append(entry)
+    return out
