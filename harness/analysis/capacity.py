@@ -187,6 +187,29 @@ def capacity_analysis(
         "slo_ms": dict(slo_ms),
         "quantile": q,
         "probes": probes,
+        "curves": [_curve(probes, v) for v in variants],
         **capacities(probes, variants, min_effect),
         "crossover": rate_crossover(probes, variants),
     }
+
+
+def _curve(probes: Sequence[Mapping[str, Any]], variant: str) -> dict[str, Any]:
+    """Per probed rate: the mean SLO attainment and margin over repeats, and how many saturated
+    (what the attainment-vs-rate plot draws)."""
+    by: dict[float, list[Mapping[str, Any]]] = {}
+    for p in probes:
+        if p["variant"] == variant:
+            by.setdefault(p["rate"], []).append(p)
+    points = []
+    for rate, ps in sorted(by.items()):
+        att = [p["attainment"] for p in ps if p["attainment"] is not None]
+        points.append(
+            {
+                "rate": rate,
+                "attainment": float(np.mean(att)) if att else None,
+                "margin": float(np.mean([min(p["margin"], 50.0) for p in ps])),
+                "runs": len(ps),
+                "saturated": sum(bool(p["saturated"]) for p in ps),
+            }
+        )
+    return {"variant": variant, "points": points}

@@ -108,6 +108,10 @@ def finalize(
         categories=results["workload"]["categories"],
     )
     results |= workload_analysis(plan, workload, runs)
+    if plan.slo:  # the capacity search's answer (harness.analysis.capacity)
+        from harness.analysis.capacity import capacity_analysis
+
+        results["capacity"] = capacity_analysis(runs, plan.slo, plan.slo_quantile, plan.min_effect)
     atomic_write(out / "results.json", json.dumps(results, indent=1))
     write_views(results, out, plots=plan.plots, write=atomic_write)
     return results

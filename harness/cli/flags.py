@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli import vllm_flags, workload_flags
+from harness.cli import capacity_flags, vllm_flags, workload_flags
 from harness.cli.options import Given, Parser, non_negative_int, positive_float, positive_int
 from harness.cli.plan_flags import DEFAULT_CONCURRENCY, DEFAULT_MAX_NEW_TOKENS
 
@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     _http_engines(p)
     vllm_flags.add_group(p)
     workload_flags.add_group(p)
+    capacity_flags.add_group(p)
     p.set_defaults(model_named=False)
     return p
 

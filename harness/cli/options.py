@@ -55,7 +55,7 @@ def variant_urls(items: Sequence[str] | None) -> dict[str, list[str]] | None:
     return out
 
 
-def goodput(items: Sequence[str] | None) -> dict[str, float] | None:
+def goodput(items: Sequence[str] | None, flag: str = "--goodput") -> dict[str, float] | None:
     if not items:
         return None
     out = {}
@@ -64,13 +64,13 @@ def goodput(items: Sequence[str] | None) -> dict[str, float] | None:
         name = "e2e" if name == "e2el" else name  # vllm bench serve's name
         if not sep or name not in ("ttft", "tpot", "e2e"):
             raise UsageError(
-                f"--goodput: expected ttft:MS, tpot:MS or e2el:MS (e2e:MS), got {item!r}"
+                f"{flag}: expected ttft:MS, tpot:MS or e2el:MS (e2e:MS), got {item!r}"
             )
         try:
             out[name] = float(ms)
         except ValueError:
             raise UsageError(
-                f"--goodput: {item!r}: {ms!r} is not a number of milliseconds"
+                f"{flag}: {item!r}: {ms!r} is not a number of milliseconds"
             ) from None
     return out
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from engines.base import REGISTRY, engine_class
 from engines.local_model import missing_path
-from harness.cli import workload_flags
+from harness.cli import capacity_flags, workload_flags
 from harness.cli.options import UsageError, goodput, json_arg, kv_args, variant_urls
 from harness.cli.vllm_flags import api_root
 from harness.core.design import PER_BLOCK
@@ -169,6 +169,7 @@ def build_plan(
         save_vllm_json=args.save_vllm_json,
         result_filename=args.result_filename,
         resume=args.resume is not None,
+        **capacity_flags.settings(args),
     )
 
 

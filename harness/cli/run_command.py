@@ -59,8 +59,10 @@ async def _execute(
     workload: Workload,
     out: Path,
 ) -> int:
+    from harness.run.capacity import bind, search_plan
     from harness.run.session import Session
 
+    plan = search_plan(plan)  # --slo: the rates are chosen as the session runs
     out.mkdir(parents=True, exist_ok=True)
     configs = [(label, with_log(label, c, out)) for label, c in configs]
     previous, done = runs_from_journal(out / "journal.jsonl") if plan.resume else ([], set())
@@ -81,6 +83,7 @@ async def _execute(
     )
     session.runs.extend(r for r in previous if r.cell.key in done)
     session.stop.grace_s = grace = plan.stop_grace_s
+    bind(plan, session.runs)
     loop = asyncio.get_running_loop()
     interrupted: list[str] = []
 

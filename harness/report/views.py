@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from harness.report.capacity_plot import capacity_markdown, draw_capacity
 from harness.report.html import page
 from harness.report.markdown import render
 from harness.report.plots import draw
@@ -30,8 +31,12 @@ def write_views(
     prints: a terminal shows no images)."""
     md = render(results)
     drawn = draw(results, out) if plots else None
+    links = drawn.markdown if drawn else ""
+    if results.get("capacity"):  # --slo: capacities, their ratio, the attainment plot
+        md += capacity_markdown(results)
+        links += draw_capacity(results, out) if plots else ""
     if csv:
         write(out / "summary.csv", to_csv(results))
-    write(out / "summary.md", md + (drawn.markdown if drawn else ""))
+    write(out / "summary.md", md + links)
     write(out / "report.html", page(results, drawn.svgs if drawn else ()))
     return md
