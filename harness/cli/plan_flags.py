@@ -125,7 +125,11 @@ def build_plan(
         modes=modes,
         concurrency=tuple(
             args.concurrency
-            or ([] if args.request_rate or workload_flags.is_trace(args) else [DEFAULT_CONCURRENCY])
+            or (
+                []
+                if args.request_rate or args.slo or workload_flags.is_trace(args)
+                else [DEFAULT_CONCURRENCY]
+            )
         ),
         request_rates=tuple(args.request_rate or ()),
         burstiness=args.burstiness,

@@ -1,0 +1,62 @@
+"""Ramp-up (vLLM bench serve's --ramp-up-strategy): the send-time rate of each request matches
+the asked ramp, timed with the fake clock (tests/clock.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import numpy as np
+import pytest
+
+from engines.base import GenParams, Request
+from harness.core.load import strategy_from_json
+from harness.core.ramp import Ramp
+from harness.run.runner import Runner
+from tests.clock import FakeClock, ScriptedEngine
+
+
+def sends(strategy: Ramp, n: int) -> list:
+    clock = FakeClock()
+    engine = ScriptedEngine(clock, {str(i): [(0.0, 1)] for i in range(n)})
+    runner = Runner(engine, clock=clock, sleep=clock.sleep)
+    requests = [Request(str(i), "x") for i in range(n)]
+    return asyncio.run(runner.run(requests, GenParams(), strategy))
+
+
+def asked(kind: str, start: float, end: float, i: int, n: int) -> float:
+    """vLLM bench's ``_get_current_request_rate``: progress i / (n - 1)."""
+    p = i / (n - 1)
+    return start + (end - start) * p if kind == "linear" else start * (end / start) ** p
+
+
+@pytest.mark.parametrize("kind", ["linear", "exponential"])
+def test_constant_gaps_follow_the_ramp_exactly(kind: str) -> None:
+    n = 60
+    records = sends(Ramp(kind, 2.0, 20.0, burstiness=math.inf), n)
+    t = [r.t_send for r in records]
+    for i, r in enumerate(records):
+        assert r.info["request_rate"] == pytest.approx(asked(kind, 2.0, 20.0, i, n))
+        if i:  # the gap before request i is 1 / (the rate at its send)
+            assert 1.0 / (t[i] - t[i - 1]) == pytest.approx(r.info["request_rate"], rel=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["linear", "exponential"])
+def test_poisson_ramp_rate_in_windows(kind: str) -> None:
+    """Gamma gaps (burstiness 1: Poisson): over each tenth of the requests, the achieved rate
+    (sends / time) is the harmonic mean of the asked rates there, within 10%."""
+    n = 4000
+    records = sends(Ramp(kind, 1.0, 50.0, seed=3), n)
+    t = np.array([r.t_send for r in records])
+    rates = np.array([r.info["request_rate"] for r in records])
+    for part in np.array_split(np.arange(1, n), 10):
+        achieved = part.size / (t[part[-1]] - t[part[0] - 1])
+        expect = part.size / np.sum(1.0 / rates[part])
+        assert achieved == pytest.approx(expect, rel=0.10)
+
+
+def test_ramp_round_trips_and_is_labelled() -> None:
+    r = Ramp("exponential", 1.0, 8.0, 1.0, 5, None)
+    assert strategy_from_json(r.to_json()) == r
+    assert r.to_json()["ramp_up_strategy"] == "exponential"
+    assert "1->8 req/s" in r.label

@@ -1,0 +1,114 @@
+"""Saturation detection (harness.analysis.saturation via harness.run.saturation): against a
+server whose service rate is known, points above it are stopped as saturated within a bounded
+number of requests, points below it are not (false alarms <= 5% over seeds)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import heapq
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+
+from engines import base as engines_base
+from engines.base import Capabilities, Chunk, EngineConfig, GenParams, Request
+from harness.core.load import Poisson
+from harness.core.records import RequestRecord
+from harness.run.saturation import monitor_for
+from tests.clock import FakeClock, ScriptedEngine
+from tests.test_design import _plan
+
+ASKED = SimpleNamespace(detect_saturation=True, slo=None, ramp_up_strategy=None)
+MU = 10.0  # the simulated server's service rate (requests/s)
+N = 300
+
+
+def simulate(rate: float, seed: int, servers: int = 4) -> tuple[Poisson, list[RequestRecord]]:
+    """A FIFO queue with ``servers`` slots and gamma service times of mean servers / MU (so it
+    serves MU requests/s), fed Poisson arrivals: the records in completion order."""
+    rng = np.random.default_rng(seed)
+    strategy = Poisson(rate, 1.0, seed)
+    arrive = np.asarray(strategy.offsets(N)) + 100.0
+    service = rng.gamma(4.0, servers / MU / 4.0, N)
+    free = [100.0] * servers
+    out = []
+    for i in range(N):
+        begin = max(arrive[i], heapq.heappop(free))
+        end = begin + service[i]
+        heapq.heappush(free, end)
+        out.append(RequestRecord(str(i), arrive[i], end, (begin + 0.1 * service[i], end), (1, 7)))
+    return strategy, sorted(out, key=lambda r: r.t_end)
+
+
+def stopped_after(rate: float, seed: int) -> int | None:
+    """How many requests were sent when the monitor said saturated (None: never)."""
+    strategy, records = simulate(rate, seed)
+    monitor = monitor_for(ASKED, strategy, N, lambda: 100.0)
+    monitor.should_stop()  # the runner's first question pins the start
+    for r in records:
+        monitor.add(r)
+        if monitor.saturated:
+            assert monitor.verdict is not None
+            return int(monitor.verdict["sent"])
+    return None
+
+
+def test_below_the_service_rate_false_alarms_are_rare() -> None:
+    alarms = [stopped_after(0.5 * MU, seed) for seed in range(200)]
+    assert sum(a is not None for a in alarms) / 200 <= 0.05
+
+
+@pytest.mark.parametrize("load", [1.5, 2.0, 4.0])
+def test_above_the_service_rate_stopped_within_a_bound(load: float) -> None:
+    stops = [stopped_after(load * MU, seed) for seed in range(100)]
+    caught = [s for s in stops if s is not None]
+    assert len(caught) / 100 >= 0.95
+    assert max(caught) <= 260  # of 300: stopped well before the point's end
+    assert np.median(caught) <= 120
+
+
+class QueueEngine(ScriptedEngine):
+    """A real-time server with two slots, each serving a request in 10 ms (200 requests/s)."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities(coexist=True)
+
+    def __init__(self, clock: Any = None) -> None:
+        super().__init__(FakeClock(), {})
+        self.slots = asyncio.Semaphore(2)
+
+    async def stream(
+        self, request: Request, params: GenParams, clock: Any = None
+    ) -> AsyncIterator[Chunk]:
+        async with self.slots:
+            await asyncio.sleep(0.002)
+            yield Chunk(token_ids=(0,))
+            await asyncio.sleep(0.008)
+            yield Chunk(token_ids=(1, 2))
+
+
+@pytest.fixture
+def queue_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(engines_base.REGISTRY, "scripted", "tests.test_saturation:QueueEngine")
+
+
+@pytest.mark.parametrize("rate, saturated", [(800.0, True), (50.0, False)])
+def test_session_stops_a_saturated_point_and_marks_it(queue_engine: None, rate: float,
+                                                      saturated: bool) -> None:  # fmt: skip
+    from harness.run.session import Session
+
+    plan = dataclasses.replace(
+        _plan(), modes=("throughput",), concurrency=(), request_rates=(rate,), repeats=1,
+        max_repeats=1, warmup=0, detect_saturation=True,
+    )  # fmt: skip
+    prompts = [Request(f"p{i}", "x") for i in range(300)]
+    session = Session(plan, prompts, progress=False, engine_factory=lambda c: QueueEngine())
+    (run,) = asyncio.run(session.execute([("baseline", EngineConfig("scripted", "m"))]))
+    if saturated:
+        assert run.status.startswith("saturated: stopped after")
+        assert run.extra["saturation"]["sent"] < 300 and len(run.records) < 300
+    else:
+        assert run.status == "ok" and len(run.records) == 300
