@@ -6,7 +6,7 @@ capacities with a CI.
 A probe is one run: one variant at one rate, one repeat. Its *margin* is
 ``max over metrics of log(quantile / bound)``: <= 0 where the SLO holds; it grows with the rate,
 so a variant's capacity is where its margin crosses 0. The search brackets that crossing by
-doubling (or halving) the rate, then bisects (in log rate) the widest bracket; every variant
+doubling (x4 while far inside the SLO; or halving) the rate, then bisects (in log rate) the widest bracket; every variant
 runs at every probed rate, interleaved, so drift falls on all alike. Per repeat ``b`` (the unit,
 as in :mod:`harness.analysis.stats`), the capacity is where the line through that repeat's
 margins at the bracket's two rates crosses 0; the CI is a t-interval
@@ -28,6 +28,8 @@ SATURATED_MARGIN = math.log(2.0)  # a saturated probe fails: its margin is at le
 TOLERANCE = 0.05  # bisect until every bracket's hi / lo <= 1 + this
 RATE_LIMITS = (1e-3, 1e5)  # the search stops expanding beyond these (req/s)
 METHOD = "t on per-repeat log capacities"
+FAR_MARGIN = math.log(0.5)  # every variant's quantiles under half their bound: far from it
+FAR_FACTOR = 4  # ... then the rate grows this much per probe instead of doubling
 
 
 def margin_of(quantiles: Mapping[str, float | None], slo_ms: Mapping[str, float]) -> float:
@@ -103,8 +105,9 @@ def next_rate(
     spans = []
     for v in variants:
         lo, hi = bracket(probes, v)
-        if hi is None:
-            r = rates[-1] * 2
+        if hi is None:  # x4 while every variant is far inside the SLO at the top rate
+            top = max(_means(probes, w).get(rates[-1], 0.0) for w in variants)
+            r = rates[-1] * (FAR_FACTOR if top < FAR_MARGIN else 2)
             return r if r <= RATE_LIMITS[1] else None
         if lo is None:
             r = rates[0] / 2

@@ -37,8 +37,8 @@ def add_group(p: argparse.ArgumentParser) -> None:
         help="the search's first rate, req/s (default 1); it doubles or halves from there",
     )  # fmt: skip
     g.add_argument(
-        "--slo-max-probes", type=positive_int, default=8,
-        help="rates probed at most (each runs every variant, interleaved; default 8)",
+        "--slo-max-probes", type=positive_int, default=10,
+        help="rates probed at most (each runs every variant, interleaved; default 10)",
     )  # fmt: skip
 
 

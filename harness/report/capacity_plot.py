@@ -46,8 +46,10 @@ def ratio_line(r: Mapping[str, Any], slo: str) -> str:
 
 def crossover_text(x: Mapping[str, Any]) -> str:
     head = f"{x['candidate']} vs {x['baseline']} ({METRIC_NAME.get(x['metric'], x['metric'])})"
+    if x["kind"] == "never pays":
+        return f"{head}: not faster at any probed rate (the lowest: {_rate(x['at'])} req/s)"
     if x["kind"] != "stops paying":
-        return f"{head}: {x['kind']} (up to {_rate(x['at'])} req/s)"
+        return f"{head}: faster at every probed rate (up to {_rate(x['at'])} req/s)"
     ci = "CI n/a" if x.get("lo") is None else f"[{_rate(x['lo'])}, {_rate(x['hi'])}]"
     return (
         f"{head}: stops being faster at {_rate(x['at'])} req/s {ci} "

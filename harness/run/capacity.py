@@ -16,6 +16,12 @@ from harness.core.results import Run
 from harness.run.plan import Point, RunPlan
 
 
+# Seconds of arrivals per probe without --duration: a fixed count of requests would end an
+# overloaded probe before its queue could break the SLO (40 requests "held" at 1024 req/s on
+# the tiny pair); saturation detection stops an overloaded one sooner.
+DURATION_S = 4.0
+
+
 @dataclass
 class Search:
     """The search's state: the rates chosen so far, and the session's runs it reads."""
@@ -35,6 +41,7 @@ class CapacityPlan(RunPlan):
     def of(cls, plan: RunPlan) -> CapacityPlan:
         fields = {k: getattr(plan, k) for k in RunPlan.__dataclass_fields__}
         fields.update(modes=("throughput",), instances=ONE, max_new_tokens=plan.max_new_tokens[:1])
+        fields["duration"] = plan.duration or DURATION_S  # a probe as long at every rate
         return cls(**fields)
 
     def _point(self, rate: float) -> Point:

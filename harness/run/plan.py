@@ -96,7 +96,7 @@ class RunPlan:
     slo: Mapping[str, float] | None = None  # --slo: capacity search, ms per metric
     slo_quantile: float = 0.9
     slo_start_rate: float = 1.0  # the search's first probed rate (req/s)
-    slo_max_probes: int = 8  # rates probed at most (each runs every variant, interleaved)
+    slo_max_probes: int = 10  # rates probed at most (each runs every variant, interleaved)
     # ---- analysis and output (never change a measurement)
     min_effect: float = 0.02
     goodput: Mapping[str, float] | None = None  # SLOs in ms: ttft, tpot, e2e
