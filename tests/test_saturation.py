@@ -112,3 +112,39 @@ def test_session_stops_a_saturated_point_and_marks_it(queue_engine: None, rate: 
         assert run.extra["saturation"]["sent"] < 300 and len(run.records) < 300
     else:
         assert run.status == "ok" and len(run.records) == 300
+
+
+def test_capacity_search_through_an_openai_endpoint(tmp_path, capsys) -> None:
+    """The search on an HTTP engine: a fake OpenAI server that queues (one slot, 20 ms a
+    request: 50 requests/s); --slo ttft:100 is bracketed, stored in results.json, printed."""
+    import json
+    import threading
+    import time
+
+    from harness.cli.main import main
+    from tests.fake_server import Behaviour, FakeServer
+    from tests.test_faults import ServerThread, workload
+
+    free = [0.0]
+    lock = threading.Lock()
+
+    def queued(i: int) -> Behaviour:
+        with lock:
+            now = time.monotonic()
+            free[0] = max(free[0], now) + 0.02
+            return Behaviour(tokens=3, first_delay=free[0] - now, delay=0.001)
+
+    out = tmp_path / "out"
+    argv = ["--engine", "openai", "--workload", workload(tmp_path, 8), "--max-new-tokens", "3",
+            "--repeats", "3", "--warmup", "0", "--duration", "0.6", "--slo", "ttft:100",
+            "--slo-start-rate", "8", "--slo-max-probes", "4", "--output-dir", str(out),
+            "--quiet", "--no-plots"]  # fmt: skip
+    with ServerThread(FakeServer(queued)) as url:
+        code = main([*argv, "--base-url", url])
+    printed = capsys.readouterr().out
+    assert code == 0
+    cap = json.loads((out / "results.json").read_text())["capacity"]
+    (row,) = cap["variants"]
+    assert row["status"] == "bracketed", cap["curves"]
+    assert 8 <= row["capacity"] <= 128
+    assert "## Capacity under the SLO (TTFT p90 <= 100 ms)" in printed
