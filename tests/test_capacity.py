@@ -69,3 +69,41 @@ def test_equal_capacities_rarely_called_different() -> None:
         false += out["ratios"][0]["verdict"] in ("faster", "slower")
     print(false / runs)
     assert false / runs <= 0.05
+
+
+def test_rate_crossover_from_the_probed_points() -> None:
+    """Speculation faster at low rates, slower at high ones: E2E p90 of the baseline
+    1 s / (1 - r / 10), of the candidate 0.7 s / (1 - r / 8); they cross at r = 0.3 / 0.055
+    = 5.45 req/s. The search (SLO e2e <= 3 s) probes the rates; the crossover is read from
+    those same probes (placed for the capacities, not for it): its estimate within 20% in
+    >= 90% of runs, its CI covering the truth in >= 85% (90% measured: the line through the
+    probes near the sign change bends; the issue sets no rate for this one)."""
+    from harness.analysis.capacity_crossover import rate_crossover
+
+    rng = np.random.default_rng(3)
+    curves = {"baseline": (1.0, 10.0), "spec": (0.7, 8.0)}
+    slo = {"e2e": 3000.0}
+    truth_at = 0.3 / 0.055
+    runs, close, covered = 200, 0, 0
+    for _ in range(runs):
+        probes: list[dict] = []
+        t = 0
+        while (rate := next_rate(probes, list(curves), 1.0, 10)) is not None:
+            for b in range(REPEATS):
+                for v in list(curves)[b % 2 :] + list(curves)[: b % 2]:
+                    a, mu = curves[v]
+                    f = (1 + 0.03 * t / 100) * math.exp(rng.normal(0, 0.05))
+                    t += 1
+                    sat = rate / mu >= 0.97
+                    e2e = a * f / (1 - rate / mu) if not sat else 100.0
+                    m = margin_of({"e2e": e2e}, slo)
+                    probes.append({"variant": v, "rate": rate, "repeat": b, "saturated": sat,
+                                   "margin": max(m, math.log(2.0)) if sat else m,
+                                   "quantiles_s": {"e2e": e2e}})  # fmt: skip
+        (x,) = rate_crossover(probes, list(curves))
+        assert x["kind"] == "stops paying"
+        close += abs(x["at"] / truth_at - 1) <= 0.20
+        covered += x["lo"] is not None and x["lo"] <= truth_at <= x["hi"]
+    print(close / runs, covered / runs)
+    assert close / runs >= 0.90
+    assert covered / runs >= 0.85

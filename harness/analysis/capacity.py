@@ -6,11 +6,13 @@ capacities with a CI.
 A probe is one run: one variant at one rate, one repeat. Its *margin* is
 ``max over metrics of log(quantile / bound)``: <= 0 where the SLO holds; it grows with the rate,
 so a variant's capacity is where its margin crosses 0. The search brackets that crossing by
-doubling (x4 while far inside the SLO; or halving) the rate, then bisects (in log rate) the widest bracket; every variant
-runs at every probed rate, interleaved, so drift falls on all alike. Per repeat ``b`` (the unit,
-as in :mod:`harness.analysis.stats`), the capacity is where the line through that repeat's
-margins at the bracket's two rates crosses 0; the CI is a t-interval
-over repeats of the log capacity, and the ratio candidate / baseline pairs the repeats.
+doubling (x4 while far inside the SLO; or halving) the rate, then narrows the widest bracket at
+the rate where the line between its margins crosses 0 (regula falsi in log rate, kept at least
+``CLAMP`` of the bracket from its ends); every variant runs at every probed rate, interleaved,
+so drift falls on all alike. Per repeat ``b`` (the unit, as in :mod:`harness.analysis.stats`),
+the capacity is where the line through that repeat's margins at the bracket's two rates crosses
+0; the CI is a t-interval over repeats of the log capacity, and the ratio candidate / baseline
+pairs the repeats.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ RATE_LIMITS = (1e-3, 1e5)  # the search stops expanding beyond these (req/s)
 METHOD = "t on per-repeat log capacities"
 FAR_MARGIN = math.log(0.5)  # every variant's quantiles under half their bound: far from it
 FAR_FACTOR = 4  # ... then the rate grows this much per probe instead of doubling
+CLAMP = 0.3  # the next rate inside a bracket: at least this share of its log width from an end
 
 
 def margin_of(quantiles: Mapping[str, float | None], slo_ms: Mapping[str, float]) -> float:
@@ -112,9 +115,14 @@ def next_rate(
         if lo is None:
             r = rates[0] / 2
             return r if r >= RATE_LIMITS[0] else None
-        spans.append((hi / lo, lo, hi))
-    ratio, lo, hi = max(spans)
-    return math.sqrt(lo * hi) if ratio > 1 + tol else None
+        spans.append((hi / lo, lo, hi, v))
+    ratio, lo, hi, v = max(spans)
+    if ratio <= 1 + tol:
+        return None
+    means = _means(probes, v)  # where the line between the bracket's margins crosses 0 ...
+    share = -means[lo] / (min(means[hi], 50.0) - means[lo])
+    share = min(max(share, CLAMP), 1 - CLAMP)  # ... kept off its ends: it shrinks every time
+    return math.exp(math.log(lo) + share * math.log(hi / lo))
 
 
 def _per_repeat(

@@ -15,6 +15,7 @@ import numpy as np
 from harness.analysis.stats import log_ratio_ci
 
 METRIC = "e2e"
+NEAR = 2  # probed rates each side of the sign change that the per-repeat line is fitted to
 
 
 def _logs(
@@ -38,7 +39,8 @@ def rate_crossover(
 ) -> list[dict[str, Any]]:
     """Per candidate (vs the first variant): "pays at every probed rate", "never pays", or
     "stops paying" at a rate with a 95% CI (t over repeats of the log rate where that repeat's
-    log speedup, interpolated in log rate between the bracketing probed rates, crosses 0)."""
+    line of log speedup on log rate, fitted over the ``NEAR`` probed rates each side of the
+    sign change, crosses 0: two points alone make a repeat's slope too noisy)."""
     out = []
     base = variants[0] if variants else None
     for cand in variants[1:]:
@@ -57,14 +59,17 @@ def rate_crossover(
         elif stop == 0:
             entry.update(kind="never pays", at=rates[0])
         else:
-            lo, hi = rates[stop - 1], rates[stop]
-            x0, x1 = math.log(lo), math.log(hi)
+            lo = rates[stop - 1]
+            near = rates[max(stop - NEAR, 0) : stop + NEAR]  # NEAR rates each side of it
+            xs = np.log(near)
+            pooled = np.polyfit(xs, [means[rates.index(r)] for r in near], 1)[0]
             cross = []
-            for b in sorted(logs[lo].keys() & logs[hi].keys()):
-                d0, d1 = logs[lo][b], logs[hi][b]
-                slope = (d1 - d0) / (x1 - x0)
-                pooled = (means[stop] - means[stop - 1]) / (x1 - x0)
-                cross.append(x0 - d0 / (slope if slope < 0 else pooled))
+            for b in sorted(set.intersection(*(set(logs[r]) for r in near))):
+                slope, icpt = np.polyfit(xs, [logs[r][b] for r in near], 1)
+                if slope >= 0:  # this repeat's line does not fall: the pooled slope through it
+                    slope = pooled
+                    icpt = float(np.mean([logs[r][b] for r in near]) - slope * xs.mean())
+                cross.append(-icpt / slope)
             est, clo, chi = (float(x) for x in log_ratio_ci(np.array(cross, dtype=float)))
             entry.update(
                 kind="stops paying", pays_up_to=lo, at=est,

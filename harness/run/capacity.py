@@ -15,7 +15,6 @@ from harness.core.load import Poisson
 from harness.core.results import Run
 from harness.run.plan import Point, RunPlan
 
-
 # Seconds of arrivals per probe without --duration: a fixed count of requests would end an
 # overloaded probe before its queue could break the SLO (40 requests "held" at 1024 req/s on
 # the tiny pair); saturation detection stops an overloaded one sooner.
