@@ -21,9 +21,10 @@ from typing import Any
 import numpy as np
 
 GROWTH = 0.5  # TTFT growth over the window, relative to the median E2E, that counts
-DEFICIT = 0.15  # arrivals in the window that completions did not match, as a share of them
-MIN_DEFICIT = 6  # ... and at least this many requests
-MIN_REQUESTS = 20  # completions before the first look
+DEFICIT = 0.2  # arrivals in the window that completions did not match, as a share of them
+STARVED = 0.3  # the in-flight growth alone counts with this share of the arrivals unmatched
+MIN_DEFICIT = 10  # ... and at least this many requests
+MIN_REQUESTS = 40  # requests (finished, or sent) before the first look
 EVERY = 5  # completions between looks
 ALPHA = 0.01  # the false-alarm budget of one point, spent over its looks
 
@@ -64,12 +65,16 @@ def saturation_check(
     by ``now``; ``ttft_sends``, ``ttfts``, ``e2es`` the send time, TTFT and E2E of each of those
     that streamed a token. Returns the evidence when saturated, else None.
 
-    In flight: the recent half of the point's time (past the queue's fill from empty), its
+    In flight: over the recent half of the point's time (past the queue's fill from empty), its
     slope significant and rising third by third, and the arrivals there outpacing the
-    completions by >= max(MIN_DEFICIT, DEFICIT x the arrivals): a stationary queue's in flight wanders by a
-    bounded count, while an overloaded one's grows with the window. TTFT: over the recent half of the finished requests (in send order), its
-    slope significant and its growth >= GROWTH x the median E2E there (the service time's
-    scale: a stationary queue's TTFT wanders by less than that)."""
+    completions by >= max(MIN_DEFICIT, DEFICIT x the arrivals): a stationary queue's in flight
+    wanders by a bounded count, an overloaded one's grows with the window. Latency: over the
+    recent half of the finished requests (in send order), TTFT's or E2E's slope significant and
+    its growth >= GROWTH x the median E2E there (a stationary queue's wanders by less). E2E
+    counts because a batching server under overload admits every request (TTFT stays low) and
+    slows them all down instead, and the few that finish then are the short ones (no trend): so
+    the in-flight evidence alone also decides where ``STARVED`` of the window's arrivals are
+    unmatched (and where too few finished to fit a trend)."""
     s = np.sort(np.asarray(sends, dtype=float))
     s = s[s <= now]
     if s.size < 8:
@@ -86,18 +91,30 @@ def saturation_check(
     te = np.asarray(e2es, dtype=float)[order]
     half = tx.size // 2
     tx, ty, te = tx[half:], ty[half:], te[half:]
-    if x.size < 6 or tx.size < 6 or span <= 0 or tx[-1] <= tx[0]:
+    if x.size < 6 or span <= 0:
+        return None
+    arrived = int(w.sum())
+    deficit = arrived - int(np.count_nonzero(done >= start))  # arrivals not matched by completions
+    crit = critical_t(looks, alpha)
+    if tx.size < 6 or tx[-1] <= tx[0]:  # (almost) nothing finishes: the in flight alone
+        bq, tq = slope_t(x, in_flight[w].astype(float))
+        if tq > crit and deficit >= max(2 * MIN_DEFICIT, STARVED * arrived):
+            return {"in_flight_slope_per_s": bq, "arrivals_unmatched": deficit,
+                    "arrivals": arrived, "in_flight_t": tq, "critical_t": crit,
+                    "window_s": float(span)}  # fmt: skip
         return None
     bq, tq = slope_t(x, q)
     bt, tt = slope_t(tx, ty)
-    crit = critical_t(looks, alpha)
+    be, t_e = slope_t(tx, te)
+    crit2 = critical_t(2 * looks, alpha)  # TTFT or E2E: two tests at each look
     thirds = [float(part.mean()) for part in np.array_split(q, 3)]
     rising = thirds[0] < thirds[1] < thirds[2]
-    arrived = int(w.sum())
-    deficit = arrived - int(np.count_nonzero(done >= start))  # arrivals not matched by completions
-    grows_q = bq > 0 and deficit >= max(MIN_DEFICIT, DEFICIT * arrived)
-    grows_t = bt * (tx[-1] - tx[0]) >= GROWTH * float(np.median(te))
-    if not (tq > crit and tt > crit and grows_q and grows_t and rising):
+    grows_q = tq > crit and rising and deficit >= max(MIN_DEFICIT, DEFICIT * arrived)
+    scale, span_t = GROWTH * float(np.median(te)), tx[-1] - tx[0]
+    grows_t = tt > crit2 and bt * span_t >= scale
+    grows_e = t_e > crit2 and be * span_t >= scale
+    starved = deficit >= max(2 * MIN_DEFICIT, STARVED * arrived)  # the growth alone
+    if not (grows_q and (grows_t or grows_e or starved)):
         return None
     return {
         "in_flight_slope_per_s": bq,
@@ -106,6 +123,8 @@ def saturation_check(
         "in_flight_t": tq,
         "ttft_slope_s_per_s": bt,
         "ttft_t": tt,
+        "e2e_slope_s_per_s": be,
+        "e2e_t": t_e,
         "critical_t": crit,
         "window_s": float(span),
     }

@@ -32,6 +32,7 @@ class SaturationMonitor:
     ttfts: list[float] = field(default_factory=list)
     e2es: list[float] = field(default_factory=list)
     verdict: dict[str, Any] | None = None
+    asked: int = 0  # should_stop calls: one per send
 
     def start(self, t0: float) -> None:
         self.t0 = t0
@@ -39,8 +40,13 @@ class SaturationMonitor:
     def should_stop(self) -> bool:
         """The runner's question before each send; its first call pins the schedule's start
         (the runner reads its start instant just before)."""
-        if self.clock is not None and math.isnan(self.t0):
+        if self.clock is None:
+            return False
+        if math.isnan(self.t0):
             self.t0 = self.clock()
+        self.asked += 1
+        if self.verdict is None and self.asked >= self.min_requests and not self.asked % self.every:
+            self._look(self.clock())  # a look per few sends too: an overload may finish nothing
         return self.verdict is not None
 
     def outcome(self, status: str, extra: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -67,9 +73,12 @@ class SaturationMonitor:
         n = len(self.ends)
         if n < self.min_requests or (n - self.min_requests) % self.every:
             return
-        now = rec.t_end
+        self._look(rec.t_end)
+
+    def _look(self, now: float) -> None:
+        n = len(self.ends)
         sent = int(np.searchsorted(self.offsets, now - self.t0, side="right"))
-        looks = max(1, math.ceil((self.offsets.size - self.min_requests) / self.every) + 1)
+        looks = 2 * max(1, math.ceil((self.offsets.size - self.min_requests) / self.every) + 1)
         found = saturation_check(
             self.t0 + self.offsets[:sent], self.ends, self.ttft_sends, self.ttfts, self.e2es, now,
             looks, self.alpha,
@@ -82,7 +91,8 @@ class SaturationMonitor:
         return (
             f"{SATURATED}: stopped after {v.get('sent')} sent, {v.get('completed')} done "
             f"(in flight +{v.get('in_flight_slope_per_s', 0):.2f}/s, "
-            f"TTFT +{v.get('ttft_slope_s_per_s', 0):.2f} s/s)"
+            f"TTFT +{v.get('ttft_slope_s_per_s', 0):.2f} s/s, "
+            f"E2E +{v.get('e2e_slope_s_per_s', 0):.2f} s/s)"
         )
 
 
