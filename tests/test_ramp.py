@@ -60,3 +60,30 @@ def test_ramp_round_trips_and_is_labelled() -> None:
     assert strategy_from_json(r.to_json()) == r
     assert r.to_json()["ramp_up_strategy"] == "exponential"
     assert "1->8 req/s" in r.label
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--ramp-up-strategy", "linear"], "--ramp-up-strategy needs --ramp-up-start-rps"),
+        (["--ramp-up-strategy", "linear", "--ramp-up-start-rps", "5", "--ramp-up-end-rps", "1"],
+         "expected 0 <= start <= end"),
+        (["--ramp-up-strategy", "exponential", "--ramp-up-start-rps", "0",
+          "--ramp-up-end-rps", "4"], "--ramp-up-start-rps cannot be 0"),
+        (["--ramp-up-start-rps", "1"], "need --ramp-up-strategy"),
+        (["--ramp-up-strategy", "linear", "--ramp-up-start-rps", "1", "--ramp-up-end-rps", "4",
+          "--request-rate", "3"], "do not give --request-rate"),
+        (["--slo", "ttft"], "--slo: expected ttft:MS"),
+        (["--slo", "ttft:abc"], "--slo: 'ttft:abc': 'abc' is not a number"),
+        (["--slo", "ttft:500", "--slo-quantile", "1.5"], "--slo-quantile: expected a fraction"),
+        (["--slo", "ttft:500", "--repeats", "2"], "--repeats >= 3"),
+        (["--slo", "ttft:500", "--request-rate", "4"], "--slo searches the rate itself"),
+    ],
+)  # fmt: skip
+def test_bad_ramp_and_slo_flags_are_one_line(argv: list[str], said: str, capsys) -> None:
+    from harness.cli.main import main
+
+    code = main(["--engine", "hf", "--model", "tiny", *argv])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert said in err and len(err.strip().splitlines()) == 1, err

@@ -191,3 +191,21 @@ def test_capacity_search_through_an_openai_endpoint(tmp_path, capsys) -> None:
     assert row["status"] == "bracketed", cap["curves"]
     assert 8 <= row["capacity"] <= 128
     assert "## Capacity under the SLO (TTFT p90 <= 100 ms)" in printed
+
+
+def test_a_ramp_stops_where_it_saturates(queue_engine: None) -> None:
+    """A linear ramp 20 -> 1000 req/s against the 200 req/s queue: stopped as saturated, the
+    asked rate at the stop above the service rate, every record carrying its send-time rate."""
+    from harness.run.session import Session
+
+    plan = dataclasses.replace(
+        _plan(), modes=("throughput",), concurrency=(), repeats=1, max_repeats=1, warmup=0,
+        ramp_up_strategy="linear", ramp_up_start_rps=20.0, ramp_up_end_rps=1000.0,
+    )  # fmt: skip
+    prompts = [Request(f"p{i}", "x") for i in range(600)]
+    session = Session(plan, prompts, progress=False, engine_factory=lambda c: QueueEngine())
+    (run,) = asyncio.run(session.execute([("baseline", EngineConfig("scripted", "m"))]))
+    assert run.status.startswith("saturated"), run.status
+    assert 200 < run.extra["saturation"]["request_rate_at_stop"] < 1000
+    assert all(20 <= r.info["request_rate"] <= 1000 for r in run.records)
+    assert run.cell.load["ramp_up_strategy"] == "linear"

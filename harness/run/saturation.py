@@ -23,6 +23,7 @@ class SaturationMonitor:
 
     offsets: np.ndarray
     clock: Callable[[], float] | None = None  # None: never watches (a closed loop, not asked)
+    rates: np.ndarray | None = None  # a ramp's asked rate per request: the one it stopped at
     every: int = EVERY
     min_requests: int = MIN_REQUESTS
     alpha: float = ALPHA
@@ -85,6 +86,8 @@ class SaturationMonitor:
         )  # fmt: skip
         if found is not None:
             self.verdict = {**found, "completed": n, "sent": sent}
+            if self.rates is not None and sent:
+                self.verdict["request_rate_at_stop"] = float(self.rates[sent - 1])
 
     def status(self) -> str:
         v = self.verdict or {}
@@ -105,4 +108,5 @@ def monitor_for(
     open_loop = hasattr(strategy, "rates") or getattr(strategy, "rate", math.inf) != math.inf
     if not (asked and open_loop):
         return SaturationMonitor(np.zeros(0))
-    return SaturationMonitor(np.asarray(strategy.offsets(n), dtype=float), clock)
+    rates = np.asarray(strategy.rates(n), dtype=float) if hasattr(strategy, "rates") else None
+    return SaturationMonitor(np.asarray(strategy.offsets(n), dtype=float), clock, rates)
