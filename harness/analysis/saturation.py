@@ -26,6 +26,7 @@ STARVED = 0.3  # the in-flight growth alone counts with this share of the arriva
 MIN_DEFICIT = 10  # ... and at least this many requests
 MIN_REQUESTS = 40  # requests (finished, or sent) before the first look
 EVERY = 5  # completions between looks
+SPAN_E2E = 2.0  # the window must be this many median E2Es long (past the queue's filling)
 ALPHA = 0.01  # the false-alarm budget of one point, spent over its looks
 
 
@@ -65,6 +66,10 @@ def saturation_check(
     by ``now``; ``ttft_sends``, ``ttfts``, ``e2es`` the send time, TTFT and E2E of each of those
     that streamed a token. Returns the evidence when saturated, else None.
 
+    A look needs 5 finished requests and a window of ``SPAN_E2E`` times the median of the 5
+    shortest E2Es (about the service time without a queue): a queue filling from empty grows
+    like an overloaded one for about one service time (Little's law).
+
     In flight: over the recent half of the point's time (past the queue's fill from empty), its
     slope significant and rising third by third, and the arrivals there outpacing the
     completions by >= max(MIN_DEFICIT, DEFICIT x the arrivals): a stationary queue's in flight
@@ -91,8 +96,9 @@ def saturation_check(
     te = np.asarray(e2es, dtype=float)[order]
     half = tx.size // 2
     tx, ty, te = tx[half:], ty[half:], te[half:]
-    if x.size < 6 or span <= 0:
-        return None
+    fastest = np.sort(np.asarray(e2es, dtype=float))[:5]
+    if x.size < 6 or fastest.size < 5 or span < SPAN_E2E * float(np.median(fastest)):
+        return None  # the queue may still be filling: a window of a few service times, or wait
     arrived = int(w.sum())
     deficit = arrived - int(np.count_nonzero(done >= start))  # arrivals not matched by completions
     crit = critical_t(looks, alpha)

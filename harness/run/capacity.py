@@ -18,7 +18,7 @@ from harness.run.plan import Point, RunPlan
 # Seconds of arrivals per probe without --duration: a fixed count of requests would end an
 # overloaded probe before its queue could break the SLO (40 requests "held" at 1024 req/s on
 # the tiny pair); saturation detection stops an overloaded one sooner.
-DURATION_S = 3.0
+DURATION_S = 5.0
 
 
 @dataclass
