@@ -26,7 +26,8 @@ STARVED = 0.3  # the in-flight growth alone counts with this share of the arriva
 MIN_DEFICIT = 10  # ... and at least this many requests
 MIN_REQUESTS = 40  # requests (finished, or sent) before the first look
 EVERY = 5  # completions between looks
-SPAN_E2E = 2.0  # the window must be this many median E2Es long (past the queue's filling)
+FIRST = 10  # the first requests sent: their E2E is the service time before any queue
+SPAN_E2E = 1.5  # the window must be this many median E2Es long (past the queue's filling)
 ALPHA = 0.01  # the false-alarm budget of one point, spent over its looks
 
 
@@ -66,9 +67,10 @@ def saturation_check(
     by ``now``; ``ttft_sends``, ``ttfts``, ``e2es`` the send time, TTFT and E2E of each of those
     that streamed a token. Returns the evidence when saturated, else None.
 
-    A look needs 5 finished requests and a window of ``SPAN_E2E`` times the median of the 5
-    shortest E2Es (about the service time without a queue): a queue filling from empty grows
-    like an overloaded one for about one service time (Little's law).
+    A look needs a window of ``SPAN_E2E`` times the median E2E of the first ``FIRST`` requests
+    sent (half of them finished): the service time before any queue. A queue filling from empty
+    grows like an overloaded one for about one service time (Little's law); the shortest E2Es
+    (early EOS) would understate it.
 
     In flight: over the recent half of the point's time (past the queue's fill from empty), its
     slope significant and rising third by third, and the arrivals there outpacing the
@@ -96,8 +98,9 @@ def saturation_check(
     te = np.asarray(e2es, dtype=float)[order]
     half = tx.size // 2
     tx, ty, te = tx[half:], ty[half:], te[half:]
-    fastest = np.sort(np.asarray(e2es, dtype=float))[:5]
-    if x.size < 6 or fastest.size < 5 or span < SPAN_E2E * float(np.median(fastest)):
+    sent_first = np.asarray(ttft_sends, dtype=float) <= s[min(FIRST, s.size) - 1]
+    first = np.asarray(e2es, dtype=float)[sent_first]  # the first sent that finished
+    if x.size < 6 or first.size < FIRST // 2 or span < SPAN_E2E * float(np.median(first)):
         return None  # the queue may still be filling: a window of a few service times, or wait
     arrived = int(w.sum())
     deficit = arrived - int(np.count_nonzero(done >= start))  # arrivals not matched by completions
