@@ -75,11 +75,17 @@ def probe_entry(run: Run, slo_ms: Mapping[str, float], q: float) -> dict[str, An
 
 
 def _means(probes: Sequence[Mapping[str, Any]], variant: str) -> dict[float, float]:
-    by: dict[float, list[float]] = {}
+    """Per rate: the mean margin over repeats; at least SATURATED_MARGIN where half or more of
+    the repeats saturated (the rate is not sustained, whatever the other repeats measured)."""
+    by: dict[float, list[Mapping[str, Any]]] = {}
     for p in probes:
         if p["variant"] == variant:
-            by.setdefault(p["rate"], []).append(min(p["margin"], 50.0))
-    return {r: float(np.mean(v)) for r, v in sorted(by.items())}
+            by.setdefault(p["rate"], []).append(p)
+    out = {}
+    for r, ps in sorted(by.items()):
+        m = float(np.mean([min(p["margin"], 50.0) for p in ps]))
+        out[r] = max(m, SATURATED_MARGIN) if 2 * sum(p["saturated"] for p in ps) >= len(ps) else m
+    return out
 
 
 def bracket(probes: Sequence[Mapping[str, Any]], variant: str) -> tuple[float | None, float | None]:
@@ -205,20 +211,20 @@ def capacity_analysis(
 
 
 def _curve(probes: Sequence[Mapping[str, Any]], variant: str) -> dict[str, Any]:
-    """Per probed rate: the mean SLO attainment and margin over repeats, and how many saturated
-    (what the attainment-vs-rate plot draws)."""
+    """Per probed rate: the mean SLO attainment over repeats, the margin the search used
+    (:func:`_means`), and how many saturated (what the attainment-vs-rate plot draws)."""
     by: dict[float, list[Mapping[str, Any]]] = {}
     for p in probes:
         if p["variant"] == variant:
             by.setdefault(p["rate"], []).append(p)
-    points = []
+    points, means = [], _means(probes, variant)
     for rate, ps in sorted(by.items()):
         att = [p["attainment"] for p in ps if p["attainment"] is not None]
         points.append(
             {
                 "rate": rate,
                 "attainment": float(np.mean(att)) if att else None,
-                "margin": float(np.mean([min(p["margin"], 50.0) for p in ps])),
+                "margin": means[rate],
                 "runs": len(ps),
                 "saturated": sum(bool(p["saturated"]) for p in ps),
             }

@@ -294,7 +294,7 @@ class Session:
                 )
                 position += 1
                 warm.add(id(lane))
-                if run.status != "ok":
+                if run.status != "ok" and not run.status.startswith("saturated"):  # it repeats
                     active.remove(lane)
             repeat += 1
             if repeat >= self.plan.max_repeats:
