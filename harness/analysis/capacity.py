@@ -136,7 +136,9 @@ def _per_repeat(
 ) -> dict[int, float]:
     """Per repeat: the log rate where the line through that repeat's margins at ``lo`` and
     ``hi`` crosses 0 (its own slope, so that the slope's noise is in the spread over repeats;
-    the pooled one where a repeat's is not positive)."""
+    the pooled one where a repeat's is not positive), kept within one bracket width of it: at
+    a cliff (saturation) a repeat that held at both rates has a slope near 0 and would put its
+    crossing anywhere."""
     means = _means(probes, variant)
     x0, x1 = math.log(lo), math.log(hi)
     slope = (means[hi] - means[lo]) / (x1 - x0)
@@ -148,7 +150,9 @@ def _per_repeat(
     for b, m in at.items():
         m_lo, m_hi = m.get(lo, means[lo]), m.get(hi, means[hi])  # a side not run: pooled
         own = (m_hi - m_lo) / (x1 - x0)
-        out[b] = x0 - m_lo / (own if own > 0 else slope)
+        x = x0 - m_lo / (own if own > 0 else slope)
+        width = x1 - x0  # a repeat that held (or failed) at both ends: one bracket beyond at most
+        out[b] = min(max(x, x0 - width), x1 + width)
     return out
 
 
