@@ -47,9 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     _modes_and_load(p)
     _statistics_and_output(p)
     _http_engines(p)
-    vllm_flags.add_group(p)
-    workload_flags.add_group(p)
-    capacity_flags.add_group(p)
+    for group in (vllm_flags, workload_flags, capacity_flags):  # groups with modules of their own
+        group.add_group(p)
     p.set_defaults(model_named=False)
     return p
 

@@ -56,6 +56,17 @@ class SaturationMonitor:
             return status, extra
         return self.status(), {**extra, "saturation": self.verdict}
 
+    def watching(
+        self, on_record: Callable[[RequestRecord], None]
+    ) -> Callable[[RequestRecord], None]:
+        """``on_record``, then :meth:`add`: the runner's one callback per finished record."""
+
+        def both(rec: RequestRecord) -> None:
+            on_record(rec)
+            self.add(rec)
+
+        return both
+
     @property
     def saturated(self) -> bool:
         return self.verdict is not None

@@ -323,7 +323,6 @@ class Session:
 
         def on_record(rec: RequestRecord) -> None:
             records.append(rec)
-            monitor.add(rec)
             if self.journal:
                 self.journal.write("record", {"key": cell.key, "record": rec.to_json(t0)})
             if bar is not None and not rec.warmup:
@@ -339,7 +338,7 @@ class Session:
         runner = Runner(
             engine,
             clock=self.clock,
-            on_record=on_record,
+            on_record=monitor.watching(on_record),  # then the monitor sees each record
             should_stop=lambda: bool(self.stop) or monitor.should_stop(),
             cancel_now=lambda: self.stop.expired,
             clients=lane.clients,
