@@ -71,7 +71,7 @@ def batching(rate: float, seed: int) -> tuple[Poisson, list[RequestRecord]]:
             gone = act & (left <= 1e-12)
             ends[gone] = t
             left[gone] = np.inf
-    out = [RequestRecord(str(j), arrive[j], ends[j], (arrive[j] + 0.02, ends[j]), (1, 7))
+    out = [RequestRecord(str(j), arrive[j], ends[j], (min(arrive[j] + 0.02, ends[j]), ends[j]), (1, 7))
            for j in range(N)]  # fmt: skip
     return strategy, sorted(out, key=lambda r: r.t_end)
 

@@ -11,6 +11,7 @@ from tabulate import tabulate
 from harness.core.design import PER_BLOCK, SEPARATE
 from harness.core.results import PACKAGES
 from harness.report.answer_text import answer_markdown
+from harness.report.capacity_plot import capacity_markdown
 from harness.report.columns import (
     COMPACT,
     COMPACT_NOTE,
@@ -213,6 +214,8 @@ def render(results: Mapping[str, Any]) -> str:
         ]
     lines += category_lines(ordered(results.get("categories") or [], results, "candidate"))
     lines += workload_lines(results)  # a trace replay's checks, a conversation run's turns
+    if results.get("capacity"):  # --slo: capacities, their ratio, the crossover by rate
+        lines += [capacity_markdown(results).rstrip("\n")]
     if comps:
         view = [Line(c) for c in ordered(comps, results, "candidate")]
         lines += ["", "## Paired comparisons", "", table(COMPARISONS, view)]

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from harness.report.capacity_plot import capacity_markdown, draw_capacity
+from harness.report.capacity_plot import draw_capacity
 from harness.report.html import page
 from harness.report.markdown import render
 from harness.report.plots import draw
@@ -32,9 +32,8 @@ def write_views(
     md = render(results)
     drawn = draw(results, out) if plots else None
     links = drawn.markdown if drawn else ""
-    if results.get("capacity"):  # --slo: capacities, their ratio, the attainment plot
-        md += capacity_markdown(results)
-        links += draw_capacity(results, out) if plots else ""
+    if results.get("capacity") and plots:  # --slo: the attainment plot
+        links += draw_capacity(results, out)
     if csv:
         write(out / "summary.csv", to_csv(results))
     write(out / "summary.md", md + links)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -128,6 +128,39 @@ async def close_lanes(lanes: Sequence[Lane]) -> None:
                 cancelled = cancelled or exc
     if cancelled is not None:
         raise cancelled
+
+
+def error_rate_exceeded(records: Sequence[Any], limit: float | None) -> str | None:
+    """The stop reason once more than ``limit`` of a run's counted requests failed (5 at least
+    seen), else None (``--max-error-rate``)."""
+    counted = [r for r in records if not r.warmup]
+    if limit is None or len(counted) < 5:
+        return None
+    rate = sum(not r.ok for r in counted) / len(counted)
+    return f"error rate {rate:.0%} > --max-error-rate {limit:.0%}" if rate > limit else None
+
+
+async def measured(
+    lane: Lane, sample_load_s: float | None, sending: Awaitable[Any]
+) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """Await ``sending`` (a measured run) between two reads of the engine's counters: the run's
+    speculative metrics and its extra (server load samples, client workers, prefix cache)."""
+    from harness.run.load_sampler import LoadSampler
+
+    engine = lane.engine
+    assert engine is not None
+    before, cache_before = await spec_counters(engine), cache_counters(engine)
+    sampler = LoadSampler(engine, sample_load_s)
+    async with sampler:
+        await sending
+    after, cache_after = await spec_counters(engine), cache_counters(engine)
+    spec = (after - before).to_metrics() if before is not None and after is not None else None
+    extra = sampler.summary()
+    if lane.clients is not None:  # per run: clock offsets and drift, deaths so far
+        extra["client_workers"] = lane.clients.describe()
+    if cache_before is not None and cache_after is not None:
+        extra["prefix_cache"] = {k: cache_after[k] - cache_before[k] for k in cache_after}
+    return spec, extra
 
 
 async def spec_counters(engine: Engine) -> SpecCounters | None:

@@ -33,14 +33,13 @@ from harness.run.journal import Journal
 from harness.run.lanes import (
     Lane,
     StopFlag,
-    cache_counters,
     close_lanes,
+    error_rate_exceeded,
+    measured,
     progress_bar,
     reset_cache,
-    spec_counters,
     unsupported_method,
 )
-from harness.run.load_sampler import LoadSampler
 from harness.run.plan import Point, RunPlan
 from harness.run.ray_clients import start_pool
 from harness.run.runner import Runner, error_line
@@ -327,13 +326,9 @@ class Session:
                 self.journal.write("record", {"key": cell.key, "record": rec.to_json(t0)})
             if bar is not None and not rec.warmup:
                 bar.update(1)
-            counted = [r for r in records if not r.warmup]
-            if self.plan.max_error_rate is not None and len(counted) >= 5:
-                rate = sum(not r.ok for r in counted) / len(counted)
-                if rate > self.plan.max_error_rate:
-                    self.stop.set(
-                        f"error rate {rate:.0%} > --max-error-rate {self.plan.max_error_rate:.0%}"
-                    )
+            why = error_rate_exceeded(records, self.plan.max_error_rate)
+            if why:
+                self.stop.set(why)
 
         runner = Runner(
             engine,
@@ -352,19 +347,12 @@ class Session:
                 await runner.run(warm, params, p.strategy, warmup=True)
             slot = replace(slot, cache=await reset_cache(engine, self.plan.prefix_cache))
             slot = replace(slot, t_start_s=self.clock() - self._t0)
-            before, cache_before = await spec_counters(engine), cache_counters(engine)
-            sampler = LoadSampler(engine, self.plan.sample_load_s)
             send = sender(runner, self.plan.conversations)  # conversations: turn by turn
-            async with sampler:
-                await send(requests, params, p.strategy, duration=self.plan.duration)
-            after, cache_after = await spec_counters(engine), cache_counters(engine)
-            if before is not None and after is not None:
-                spec_metrics = (after - before).to_metrics()
-            extra = sampler.summary()
-            if lane.clients is not None:  # per run: clock offsets and drift, deaths so far
-                extra["client_workers"] = lane.clients.describe()
-            if cache_before is not None and cache_after is not None:
-                extra["prefix_cache"] = {k: cache_after[k] - cache_before[k] for k in cache_after}
+            spec_metrics, extra = await measured(
+                lane,
+                self.plan.sample_load_s,
+                send(requests, params, p.strategy, duration=self.plan.duration),
+            )
         except UnsupportedError as exc:
             status = str(exc)
         except EngineError as exc:
