@@ -24,6 +24,7 @@ from harness.analysis.crossover import crossover
 from harness.analysis.paired import comparisons, deciding_metric
 from harness.analysis.pooled import point_key, pooled
 from harness.analysis.sanity import lossless
+from harness.analysis.sequential import rule_of
 from harness.analysis.stats import PERCENTILES, summarize
 from harness.analysis.theory import theory
 from harness.core.results import Run, group_runs
@@ -67,17 +68,21 @@ def analyze(
     percentiles: Sequence[float] = PERCENTILES,
     summaries: Sequence[Mapping[str, Any]] | None = None,
     categories: Mapping[str, str] | None = None,
+    stopping: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Every derived number of ``runs``; ``bound``: the batch-1 speed of light, if measured;
     ``percentiles``: those kept beside 50, 90, 99 (``--metric-percentiles``); ``summaries``:
-    each run's own summary (:func:`run_summaries`), when the caller has them already."""
+    each run's own summary (:func:`run_summaries`), when the caller has them already;
+    ``stopping``: the sequential design's record (results.json ``design.stopping``), whose
+    rule then makes every interleaved comparison's interval (harness.analysis.sequential)."""
     if summaries is None:
         summaries = run_summaries(runs, goodput, percentiles)
     of = {id(run): s for run, s in zip(runs, summaries)}
     groups = group_runs(runs)
     rows = [pooled(rs, [of[id(r)] for r in rs], goodput, percentiles) for rs in groups.values()]
     by_name = {(r["name"], r["point"]): (r, rs) for r, rs in zip(rows, groups.values())}
-    comps = comparisons(runs, min_effect=min_effect, seed=seed)
+    rule, stopped = rule_of(stopping)
+    comps = comparisons(runs, min_effect=min_effect, seed=seed, rule=rule, stopped=stopped)
     checks: list[dict[str, Any]] = []
     check_of: dict[tuple[str, str, str], int] = {}
     for i, c in enumerate(comps):

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from harness.analysis.pooled import point_key
+from harness.analysis.sequential import Rule, sequential_comparison
 from harness.analysis.stats import (
     MIN_REPEATS,
     Comparison,
@@ -16,7 +18,7 @@ from harness.analysis.stats import (
     half_width,
     t975,
 )
-from harness.core.design import SEPARATE, SEQUENTIAL, design_of
+from harness.core.design import INTERLEAVED, SEPARATE, SEQUENTIAL, design_of
 from harness.core.records import RequestRecord
 from harness.core.results import Run, group_runs
 
@@ -125,7 +127,14 @@ def compare_groups(
     return {m: compare_log_ratios(m, log_speedups(base, cand, m), min_effect) for m in METRICS}
 
 
-def comparisons(runs: Sequence[Run], *, min_effect: float = 0.02, seed: int = 0) -> list[dict]:
+def comparisons(
+    runs: Sequence[Run],
+    *,
+    min_effect: float = 0.02,
+    seed: int = 0,
+    rule: Rule | None = None,
+    stopped: Mapping[str, str] | None = None,
+) -> list[dict]:
     """Spec vs baseline of the same engine, and each engine vs the first engine (same label).
 
     One dict per (pair, point, metric), the shape every reader uses::
@@ -147,6 +156,13 @@ def comparisons(runs: Sequence[Run], *, min_effect: float = 0.02, seed: int = 0)
         design       how the pair's runs were scheduled (harness.core.design: "interleaved",
                      "sequential", "mixed", "unknown", "separate sessions")
         (harness.analysis.derived adds ``id`` and ``lossless``, the index of the pair's output check)
+
+    With ``rule`` (the run's sequential design, harness.analysis.sequential) every interleaved
+    pair's interval is the group-sequential one, reported at its first deciding look, and the
+    dict adds ``looks`` (each look: n, estimate, lo, hi, boundary, decided, verdict), ``blocks``
+    (the n reported) and ``stopped`` ("decided", or why its point stopped: ``stopped`` maps a
+    point key (harness.analysis.pooled.point_key) to "cap", "budget", ...; "cap" when n
+    reached the cap).
     """
     del seed
     groups = group_runs(runs)
@@ -161,11 +177,27 @@ def comparisons(runs: Sequence[Run], *, min_effect: float = 0.02, seed: int = 0)
         cell = cand[0].cell
         decides = deciding_metric(cell.mode, cell.load)
         for (b_engine, b_label), base in pairs:
-            ratios = compare_groups(base, cand, min_effect=min_effect)
             design = pair_design((*base, *cand))
+            seq: dict[str, dict[str, Any]] = {}
+            if rule is not None and design == INTERLEAVED:
+                point = _point_key(cell)
+                for metric in METRICS:
+                    comp, extra = sequential_comparison(
+                        metric, log_speedups(base, cand, metric), rule, min_effect
+                    )
+                    if not extra["decided"]:
+                        why = "cap" if comp.n >= rule.cap else (stopped or {}).get(point, "stopped")
+                        extra["stopped"] = why
+                    seq[metric] = {"comp": comp, "extra": extra}
+                ratios = {m: v["comp"] for m, v in seq.items()}
+            else:
+                ratios = compare_groups(base, cand, min_effect=min_effect)
             for metric, comp in ratios.items():
                 if design in UNPAIRED_DESIGNS:
                     comp = replace(comp, lo=None, hi=None, verdict=UNPAIRED)
+                extra = (
+                    {k: v for k, v in seq[metric]["extra"].items() if k != "decided"} if seq else {}
+                )
                 out.append(
                     {
                         "baseline": f"{b_engine}/{b_label}",
@@ -177,9 +209,14 @@ def comparisons(runs: Sequence[Run], *, min_effect: float = 0.02, seed: int = 0)
                         **comp.to_json(),
                         "decides": metric == decides,
                         "design": design,
+                        **extra,
                     }
                 )
     return out
+
+
+def _point_key(cell: Any) -> str:
+    return point_key(cell.mode, cell.load, cell.max_new_tokens, cell.workload)
 
 
 def precise_enough(runs: Sequence[Run], target: float, min_effect: float = 0.02) -> bool:

@@ -202,6 +202,7 @@ def compare(argv: Sequence[str]) -> int:
         bound={k: v for k, v in (files[0].get("speed_of_light") or {}).items() if k != "reached"},
         percentiles=config.get("metric_percentiles") or (50, 90, 99),
         categories=(files[0].get("workload") or {}).get("categories"),
+        stopping=(files[0].get("design") or {}).get("stopping") if len(files) == 1 else None,
     )
     rest = {k: v for k, v in files[0].items() if k not in KEYS and k != "upgraded_from"}
     joined = {**rest, "runs": runs_json, **derived}

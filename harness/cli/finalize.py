@@ -106,6 +106,7 @@ def finalize(
         percentiles=plan.metric_percentiles,
         summaries=summaries,
         categories=results["workload"]["categories"],
+        stopping=(design or {}).get("stopping"),
     )
     results |= workload_analysis(plan, workload, runs)
     if plan.slo:  # the capacity search's answer (harness.analysis.capacity)

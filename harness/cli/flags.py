@@ -7,14 +7,12 @@ import argparse
 
 from harness.cli import capacity_flags, vllm_flags, workload_flags
 from harness.cli.options import Given, Parser, non_negative_int, positive_float, positive_int
-from harness.cli.plan_flags import DEFAULT_CONCURRENCY, DEFAULT_MAX_NEW_TOKENS
-
-# Repeats (blocks) are the unit of every CI (harness/analysis/stats.py). With a fresh engine instance per
-# block (an instance's own offset, sd ~3% here, then varies between blocks) 4 detect a 10%
-# speedup of tokens/s with 54% power at 3% run-to-run noise and a 20% one with 96% (README,
-# Statistics; tests/test_calibration.py); 6 would give 83-85% at 10%/3% but, with an engine
-# build and warm-ups per block, not fit the main job's 10 minutes.
-DEFAULT_REPEATS = 4
+from harness.cli.plan_flags import (
+    DEFAULT_BUDGET_MIN,
+    DEFAULT_CONCURRENCY,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_REPEATS,
+)
 
 EPILOG = """\
 subcommands:
@@ -218,8 +216,19 @@ def _statistics_and_output(p: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--repeats",
         type=positive_int,
-        default=DEFAULT_REPEATS,
-        help=f"repeats of each cell (default {DEFAULT_REPEATS}: see README, Statistics)",
+        default=None,
+        help="fixed design: N blocks (repeats) of every point. Default: a run that compares "
+        "(--spec, --aa, several engines) stops each point when its verdicts are settled (the "
+        f"sequential design, README Statistics); else {DEFAULT_REPEATS}",
+    )
+    r.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        metavar="MINUTES",
+        help="sequential design: minutes of the session for all blocks; after the first 3 a "
+        "block starts only where it fits, for the points still undecided (default "
+        f"{DEFAULT_BUDGET_MIN:g}; 0: none)",
     )
     r.add_argument(
         "--target-ci",
@@ -228,10 +237,14 @@ def _statistics_and_output(p: argparse.ArgumentParser) -> None:
         metavar="W",
         help="keep repeating a point until the 95%% CI of every candidate-vs-baseline speedup "
         "that decides there (tok/s; E2E at a request rate) has a half-width under W (log scale, "
-        "0.05 ~ +-5%%), up to --max-repeats",
+        "0.05 ~ +-5%%), up to --max-repeats (a precision target, not a verdict: fixed-n "
+        "intervals)",
     )
     r.add_argument(
-        "--max-repeats", type=positive_int, default=20, help="cap for --target-ci (default 20)"
+        "--max-repeats",
+        type=positive_int,
+        default=None,
+        help="cap on blocks: of the sequential design (default 8) or of --target-ci (default 20)",
     )
     r.add_argument(
         "--warmup",
@@ -299,7 +312,8 @@ def _statistics_and_output(p: argparse.ArgumentParser) -> None:
         "--aa",
         action="store_true",
         help="A/A run: the baseline configuration twice (baseline, baseline-aa), interleaved and "
-        "compared as usual; a verdict other than 'no significant difference' is a false one",
+        "compared as usual; 'faster', 'slower' (or 'within' from an interval that excludes 1) is "
+        "a false verdict",
     )
     r.add_argument(
         "--prefix-cache",

@@ -22,6 +22,15 @@ from harness.run.plan import GRACE_S, RunPlan, check_engines, parse_methods
 # 4 prompts x 32 tokens: with a fresh engine per block (4 builds and closes, ~20-30 s a block)
 # the main job took 10 min 47 s at 40 tokens (fresh clone, 2026-11-30 20:30 UTC)
 DEFAULT_MAX_NEW_TOKENS = 32
+# The fixed-n design (--repeats N, or a run that compares nothing): blocks are the unit of every
+# CI (harness/analysis/stats.py); with a fresh engine per block 4 find a 10% speedup of tok/s at
+# 3% run noise 54% of the time, 20% 96% (README, Statistics; tests/test_calibration.py).
+DEFAULT_REPEATS = 4
+# A run that compares (--spec, --aa, several engines) uses the sequential design by default
+# (harness.analysis.sequential): looks from 3 blocks, the cap, and one time budget for the
+# session, so that the main job's worst case (every answer close) runs the 4 blocks the fixed
+# design ran (~1.8 min a block on 2 cores) and stays under 10 minutes with set-up and report.
+DEFAULT_BUDGET_MIN = 8.0
 DEFAULT_CONCURRENCY = 4  # one load point: 4 in flight (the main job must fit 10 min on 2 cores)
 
 # --token-ids: forced on, forced off, or (None) as the run needs: when it compares outputs or a
@@ -112,6 +121,7 @@ def build_plan(
             raise UsageError(f"--ray-address needs Ray: {INSTALL}")
     speculative = bool(methods or spec_config)
     compares = speculative or args.aa or len(engines) > 1
+    stopping = _stopping(args, compares)
     options = engine_options(args, engines, speculative, compares)
     return RunPlan(
         engines=engines,
@@ -140,11 +150,10 @@ def build_plan(
         metric_percentiles=tuple(args.metric_percentiles or (50.0, 90.0, 99.0)),
         percentile_metrics=_percentile_table(args),
         metadata=dict(args.metadata),
-        repeats=args.repeats,
         warmup=args.warmup,
         warmup_tokens=args.warmup_tokens,
         target_ci=args.target_ci,
-        max_repeats=max(args.max_repeats, args.repeats) if args.target_ci else args.repeats,
+        **stopping,
         seed=args.seed,
         workload=args.dataset.workload,
         dtype=args.dtype,
@@ -175,6 +184,31 @@ def build_plan(
         resume=args.resume is not None,
         **capacity_flags.settings(args),
     )
+
+
+def _stopping(args: argparse.Namespace, compares: bool) -> dict[str, Any]:
+    """repeats, max_repeats, stopping and budget_s of the plan: the sequential design where the
+    run compares and neither --repeats nor --target-ci fixes n (nor --sequential, whose
+    comparisons get no interval to decide with); else the fixed n (--target-ci: from --repeats
+    up to --max-repeats, default 20)."""
+    from harness.analysis.sequential import DEFAULT_CAP, Rule
+
+    if args.budget is not None and args.budget < 0:
+        raise UsageError("--budget: expected minutes >= 0 (0: no budget)")
+    if args.repeats is None and args.target_ci is None and compares and not args.sequential:
+        cap = args.max_repeats or DEFAULT_CAP
+        first = Rule().first
+        if cap < first:
+            raise UsageError(f"--max-repeats: the sequential design looks from {first} blocks")
+        budget = DEFAULT_BUDGET_MIN if args.budget is None else args.budget
+        return {"repeats": first, "max_repeats": cap, "stopping": "sequential",
+                "budget_s": budget * 60.0 if budget else None}  # fmt: skip
+    if args.budget is not None:
+        raise UsageError("--budget is for the sequential design (a run that compares, without "
+                         "--repeats, --target-ci or --sequential)")  # fmt: skip
+    repeats = args.repeats or DEFAULT_REPEATS
+    cap = max(args.max_repeats or 20, repeats) if args.target_ci else repeats
+    return {"repeats": repeats, "max_repeats": cap, "stopping": "fixed", "budget_s": None}
 
 
 def engine_options(

@@ -141,6 +141,8 @@ async def _execute(
         from harness.run.conversations import CACHE_POLICY
 
         design["prefix_cache_description"] += f"; {CACHE_POLICY}"
+    if session.stopper is not None:  # the sequential design: each point's blocks and stop
+        design["stopping"] = session.stopper.record()
     results = finalize(out, plan, workload, runs, status, design=design, session=session_id)
     if plan.save_vllm_json:
         from harness.report.vllm_json import export_dir

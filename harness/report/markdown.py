@@ -216,6 +216,7 @@ def render(results: Mapping[str, Any]) -> str:
     lines += workload_lines(results)  # a trace replay's checks, a conversation run's turns
     if results.get("capacity"):  # --slo: capacities, their ratio, the crossover by rate
         lines += [capacity_markdown(results).rstrip("\n")]
+    lines += stopping_lines(results)
     if comps:
         view = [Line(c) for c in ordered(comps, results, "candidate")]
         lines += ["", "## Paired comparisons", "", table(COMPARISONS, view)]
@@ -223,6 +224,43 @@ def render(results: Mapping[str, Any]) -> str:
     named = "; ".join(f"{method_tag(m)} = {m}" for m in methods)
     lines += ["", FOOTNOTE + (f" CI methods: {named}." if named else ""), ""]
     return "\n".join(lines)
+
+
+STOPPED = {
+    "decided": "decided",
+    "cap": "the cap",
+    "budget": "budget spent",
+    "stopped": "run stopped",
+}
+
+
+def stopping_lines(results: Mapping[str, Any]) -> list[str]:
+    """The sequential design (design.stopping): per deciding comparison, its verdict, the blocks
+    it took and why it stopped."""
+    rule = (results.get("design") or {}).get("stopping")
+    comps = [c for c in results.get("comparisons") or [] if c.get("decides") and "blocks" in c]
+    if not rule or not comps:
+        return []
+    budget = rule.get("budget_s")
+    took = ", ".join(f"{s / 60:.1f}" for s in rule.get("blocks_s") or [])
+    out = [
+        "",
+        "## Sequential stopping",
+        "",
+        f"Looks after every block from {rule['first']} to {rule['cap']} ({rule['spending']} "
+        f"alpha-spending: each interval holds {1 - rule['alpha']:.0%} at every look at once); "
+        + (f"budget {budget / 60:g} min" if budget else "no budget")
+        + (f", blocks took {took} min." if took else "."),
+        "",
+    ]
+    for c in comps:
+        verdict, n, why = c["verdict"], c["blocks"], STOPPED.get(c.get("stopped"), c.get("stopped"))
+        said = verdict if verdict.startswith("undecided") else f"{verdict} at {n} blocks"
+        out.append(
+            f"- {c['candidate']} vs {c['baseline']}, {c['mode']}, {load_label(c['load'])}: "
+            f"{ci_text(c)}, {said} ({why})"
+        )
+    return out
 
 
 def category_cell(cell: Mapping[str, Any] | None) -> str:

@@ -82,9 +82,13 @@ class RunPlan:
     workload_fingerprint: str | None = None  # the prompt set itself (set once it is loaded)
     turn: int = 0  # which turn of multi-turn files
     # ---- how the session runs
+    stopping: str = "fixed"  # "sequential" (harness.analysis.sequential) | "fixed" (n = repeats)
+    budget_s: float | None = None  # sequential: session seconds for all blocks (None: no budget)
     interleave: bool = True  # rotated interleaving (harness.core.design); False: --sequential
     warmup_tokens: int | None = None  # cap on a warm-up request's new tokens (None: the point's)
-    instances: str | None = None  # harness.core.design.INSTANCES; None: per engine (rebuild_per_block)
+    instances: str | None = (
+        None  # harness.core.design.INSTANCES; None: per engine (rebuild_per_block)
+    )
     sample_load_s: float | None = None  # sample server gauges this often during runs
     max_error_rate: float | None = None  # stop the run once this share of requests failed
     stop_grace_s: float = GRACE_S  # in-flight requests' grace after a stop ($HARNESS_STOP_GRACE_S)
@@ -244,7 +248,7 @@ class RunPlan:
 # run may ask for more), when to stop; every other key of RunPlan.to_json() does.
 NOT_MEASURED = frozenset(
     {
-        "repeats", "target_ci", "max_repeats", "min_effect", "goodput", "max_error_rate",
+        "repeats", "target_ci", "max_repeats", "stopping", "budget_s", "min_effect", "goodput", "max_error_rate",
         "metric_percentiles", "percentile_metrics", "metadata", "plots", "progress",
         "save_vllm_json", "result_filename", "resume", "token_ids", "stop_grace_s",
     }

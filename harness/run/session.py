@@ -44,6 +44,7 @@ from harness.run.plan import Point, RunPlan
 from harness.run.ray_clients import start_pool
 from harness.run.runner import Runner, error_line
 from harness.run.saturation import monitor_for
+from harness.run.stopping import Stopper, stopper_for
 
 
 @dataclass
@@ -65,6 +66,7 @@ class Session:
     _t0: float = 0.0
     _seq: int = 0  # runs so far
     _blocks: int = 0  # blocks (one repeat of every lane) so far: the rotation
+    stopper: Stopper | None = None  # the sequential design's stops (harness.run.stopping)
 
     def __post_init__(self) -> None:
         self._t0 = self.clock()  # the schedule's times count from here (execute() restarts it)
@@ -78,6 +80,7 @@ class Session:
         lanes = [Lane(label, config) for label, config in configs]
         if self.plan.interleave and len(lanes) > 1 and all(lane.coexist for lane in lanes):
             self.design = INTERLEAVED
+            self.stopper = stopper_for(self.plan)
             lanes = [lane.with_share(len(lanes)) for lane in lanes]
             await self._run_lanes(lanes)
         else:
@@ -157,16 +160,16 @@ class Session:
         """Fresh engine instances per block: for block r, build every lane that has a cell to
         run (seeded order per block, recorded), run repeat r of every point still repeating
         (lanes in the rotated order), close them. An instance's own speed offset then varies
-        between blocks, where the CI (over blocks) sees it. --target-ci adds blocks, only for
-        the points whose deciding comparison is not yet precise enough."""
+        between blocks, where the CI (over blocks) sees it. Blocks after the first --repeats
+        go to the points still repeating (_repeating), while the budget admits them."""
         points = list(self.plan.points())
         halted: set[tuple[int, int]] = set()  # (lane, point) whose run failed: no more repeats
         dead: set[int] = set()  # lanes whose engine did not start
-        for block in range(self.plan.max_repeats):
-            if self.stop:
-                break
+        for block in range(self.plan.max_repeats + (self.stopper is not None)):  # +1: cap look
             wanted = [i for i, p in enumerate(points) if self._repeating(lanes, p, block)]
-            if not wanted:
+            here = {i: self._here(lanes, points[i]) for i in wanted}
+            fits = self.stopper is None or self.stopper.admits(here, block, self.clock() - self._t0)
+            if self.stop or not wanted or not fits:
                 break
             todo = {
                 (k, i): cell
@@ -179,16 +182,21 @@ class Session:
             if todo:
                 await self._block(lanes, points, block, todo, halted, dead)
 
-    def _repeating(self, lanes: list[Lane], p: Point, block: int) -> bool:
-        """Whether point ``p`` gets a repeat in ``block``: the first --repeats always, then
-        while --target-ci asks for more (analysis.precise_enough)."""
+    def _here(self, lanes: list[Lane], p: Point) -> list[Run]:
+        group = self.plan.cell(lanes[0].config.engine, lanes[0].label, p, 0).group
+        return [r for r in self.runs if r.cell.group == group]
+
+    def _repeating(self, lanes: list[Lane], p: Point, block: int, since: Any = None) -> bool:
+        """Whether point ``p`` gets a repeat in ``block``: the sequential rule (``since``: when
+        the point began, where points share the budget, harness.run.stopping); else the first
+        --repeats, then while --target-ci asks for more (precise_enough)."""
+        if self.stopper is not None:
+            return self.stopper.wants(self._here(lanes, p), block, self.clock() - self._t0, since)
         if block < self.plan.repeats:
             return True
         if self.plan.target_ci is None:
             return False
-        group = self.plan.cell(lanes[0].config.engine, lanes[0].label, p, 0).group
-        here = [r for r in self.runs if r.cell.group == group]
-        return not precise_enough(here, self.plan.target_ci)
+        return not precise_enough(self._here(lanes, p), self.plan.target_ci)
 
     async def _block(
         self,
@@ -270,12 +278,12 @@ class Session:
             lane.info["step_costs"] = lane.step_costs
 
     async def _repeat_point(self, lanes: list[Lane], p: Point, index: int) -> None:
-        """Repeats of one point, every lane once per repeat in the design's rotated order:
-        --repeats, then more (up to --max-repeats) until the CI of every deciding comparison at
-        this point is under --target-ci (analysis.precise_enough)."""
+        """Repeats of one point, every lane once per repeat in the design's rotated order, while
+        :meth:`_repeating` asks for more (up to --max-repeats)."""
         warm: set[int] = set()
         active = list(lanes)
         repeat = 0
+        t_point = self.clock() - self._t0
         while active and not self.stop:
             order = [lanes[k] for k in lane_order(len(lanes), self._blocks, self.plan.seed)]
             self._blocks += 1
@@ -296,14 +304,8 @@ class Session:
                 if run.status != "ok" and not run.status.startswith("saturated"):  # it repeats
                     active.remove(lane)
             repeat += 1
-            if repeat >= self.plan.max_repeats:
+            if not self._repeating(lanes, p, repeat, t_point) or repeat >= self.plan.max_repeats:
                 break
-            if repeat >= self.plan.repeats:
-                target = self.plan.target_ci
-                group = self.plan.cell(lanes[0].config.engine, lanes[0].label, p, 0).group
-                here = [r for r in self.runs if r.cell.group == group]
-                if target is None or precise_enough(here, target):
-                    break
 
     async def _run_point(self, lane: Lane, cell: Cell, p: Point, warmup: bool, slot: Slot) -> Run:
         engine, config, info = lane.engine, lane.config, lane.info
