@@ -27,7 +27,7 @@ import pytest
 
 from harness.analysis.paired import compare_groups
 from harness.analysis.stats import MIN_REPEATS, log_ratio_ci, verdicts
-from harness.cli.flags import DEFAULT_REPEATS
+from harness.cli.stop_flags import DEFAULT_REPEATS
 from harness.core.records import RequestRecord
 from harness.core.results import Cell, Run
 

@@ -172,16 +172,24 @@ def test_the_session_stops_where_the_rule_says(seed: int) -> None:
     assert reason == ("decided" if stop["decided"] else "cap")
 
 
-def test_the_budget_stops_after_the_first_look_when_another_block_would_not_fit() -> None:
-    """The fake clock's blocks take ~1 s: a 4 s budget admits the 3 first blocks (no verdict
-    exists before them) and a 4th only while it fits; the reason is recorded."""
-    session = _session(["--budget", str(4.5 / 60)], noise=0.3, seed=2, speedup=1.0)
-    blocks = _blocks(session)["baseline"]
-    assert 3 <= blocks < DEFAULT_CAP
+@pytest.mark.parametrize("instances", ["per-block", "one"])
+def test_the_budget_stops_a_point_when_its_next_block_would_not_fit(instances: str) -> None:
+    """The fake clock's blocks take ~1.4-1.5 s: a 6 s budget admits the 3 first blocks (no
+    verdict exists before them) and a 4th, which fits (~4.3 s + the longest block so far), not
+    a 5th; the reason is recorded. With one instance per lane (points one after the other) the
+    point's share of the budget (all of it here: one point) is checked after each repeat."""
+    session = _session(["--budget", "0.1", "--instances", instances], noise=0.3, seed=2, speedup=1)
+    assert _blocks(session) == {"baseline": 4, "ngram": 4}
     assert set(session.stopper.reasons.values()) == {"budget"}
     record = session.stopper.record()
-    assert sum(record["blocks_s"]) <= 4.5
-    assert next(iter(record["points"].values())) == {"blocks": blocks, "stopped": "budget"}
+    assert next(iter(record["points"].values())) == {"blocks": 4, "stopped": "budget"}
+    assert sum(record["blocks_s"]) <= 6.0
+
+
+def test_one_instance_per_lane_stops_on_the_same_rule() -> None:
+    clear = _session(["--instances", "one"], noise=0.01, seed=1, speedup=2.0)
+    assert _blocks(clear) == {"baseline": 3, "ngram": 3}
+    assert set(clear.stopper.reasons.values()) == {"decided"}
 
 
 def test_repeats_fixes_n_and_the_plan_records_the_design() -> None:
@@ -202,15 +210,16 @@ if __name__ == "__main__":  # the power table of docs/statistics-sequential.md
     from harness.analysis.stats import log_ratio_ci, verdicts
 
     for effect in (1.10, 1.20):
-        d = _sim(effect, 0.03, "per-block", 7)["output_tok_s"]
+        rng = np.random.default_rng(7)
+        d = simulate(rng, EXPERIMENTS, 10, effect, 0.03, "per-block")[0].d["output_tok_s"]
         for cap in (6, 8, 10):
-            row = [
-                f"{n}: {(run_to_stop(d[:, :n], Rule(cap=cap), MIN_EFFECT)['verdict'] == 'faster').mean():.0%}"
+            found = [
+                (run_to_stop(d[:, :n], Rule(cap=cap), MIN_EFFECT)["verdict"] == "faster").mean()
                 for n in range(3, cap + 1)
             ]
-            print(f"{effect:.2f}x cap {cap}: " + ", ".join(row))
+            print(f"{effect:.2f}x cap {cap}: " + ", ".join(f"{x:.0%}" for x in found))
         fixed = [
-            f"{n}: {(verdicts(*log_ratio_ci(d[:, :n]), MIN_EFFECT) == 'faster').mean():.0%}"
-            for n in range(3, 9)
+            (verdicts(*log_ratio_ci(d[:, :n]), MIN_EFFECT) == "faster").mean()
+            for n in (3, 4, 5, 6, 8)
         ]
-        print(f"{effect:.2f}x fixed n: " + ", ".join(fixed))
+        print(f"{effect:.2f}x fixed n 3,4,5,6,8: " + ", ".join(f"{x:.0%}" for x in fixed))

@@ -13,15 +13,17 @@ Why this and not the alternatives (at 3-12 blocks, where this harness lives):
 
 * Group-sequential with an alpha-spending function (Lan-DeMets) spends all of alpha by the cap,
   which is known in advance here (``--max-repeats``); an anytime-valid confidence sequence
-  guards against infinitely many looks and pays for it at every n. Even with the variance
-  known, a normal-mixture confidence sequence tuned to n ~ 6 is as wide as z ~ 3.7 standard
-  errors at n = 6, against ~2.5 for the spending boundary at a cap of 10; with the variance
-  estimated from 2-9 degrees of freedom the gap grows.
+  guards against infinitely many looks and pays for it at every n. With the variance known,
+  the Pocock-type boundary for looks at 3-8 blocks is 2.24-2.45 standard errors, the best
+  normal-mixture confidence sequence (Robbins; mixing variance = one block) 3.04-3.14: ~30%
+  wider, ~1.7x the blocks for the same power; with the variance estimated from 2-7 degrees of
+  freedom both widen.
 * Of the spending functions, the Pocock-type alpha * log(1 + (e - 1) * t) is the most powerful
-  here: the first look is at 3 blocks (2 degrees of freedom), where an O'Brien-Fleming-type
-  boundary is c_3 ~ 50 (it can never stop there) and would need 5+ blocks for a clear 30%
-  effect; the Pocock type stops there when the answer is clear, and still finds a 10% effect
-  at 3% run noise with >= 80% power by the cap (tests/test_sequential.py has the table).
+  at 3-5 blocks, where the main job's budget ends most comparisons: at a cap of 8 its
+  boundaries are 6.3, 5.4, 4.5 at 3, 4, 5 blocks against O'Brien-Fleming-type 26, 7.7, 4.7; it
+  stops a clear 30% effect at 3 blocks 71% of the time (O'Brien-Fleming: 8%, median 4 blocks)
+  and still finds a 10% effect at 3% run noise with 82% power by the cap (O'Brien-Fleming,
+  narrower from 6 blocks on: 92%; docs/statistics-sequential.md).
 * The t-statistic with few degrees of freedom is not a Gaussian process: converting the
   Gaussian (z) boundaries to t quantiles at the same nominal level (the "significance level
   approach") spent 5.5-6.0% instead of 5% at caps 6-12. So c_n is computed for the

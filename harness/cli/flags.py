@@ -5,14 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli import capacity_flags, vllm_flags, workload_flags
+from harness.cli import capacity_flags, stop_flags, vllm_flags, workload_flags
 from harness.cli.options import Given, Parser, non_negative_int, positive_float, positive_int
-from harness.cli.plan_flags import (
-    DEFAULT_BUDGET_MIN,
-    DEFAULT_CONCURRENCY,
-    DEFAULT_MAX_NEW_TOKENS,
-    DEFAULT_REPEATS,
-)
+from harness.cli.plan_flags import DEFAULT_CONCURRENCY, DEFAULT_MAX_NEW_TOKENS
 
 EPILOG = """\
 subcommands:
@@ -213,39 +208,7 @@ def _modes_and_load(p: argparse.ArgumentParser) -> None:
 def _statistics_and_output(p: argparse.ArgumentParser) -> None:
     """Repeats, the verdict's settings, the caches and the files written."""
     r = p.add_argument_group("statistics and output")
-    r.add_argument(
-        "--repeats",
-        type=positive_int,
-        default=None,
-        help="fixed design: N blocks (repeats) of every point. Default: a run that compares "
-        "(--spec, --aa, several engines) stops each point when its verdicts are settled (the "
-        f"sequential design, README Statistics); else {DEFAULT_REPEATS}",
-    )
-    r.add_argument(
-        "--budget",
-        type=float,
-        default=None,
-        metavar="MINUTES",
-        help="sequential design: minutes of the session for all blocks; after the first 3 a "
-        "block starts only where it fits, for the points still undecided (default "
-        f"{DEFAULT_BUDGET_MIN:g}; 0: none)",
-    )
-    r.add_argument(
-        "--target-ci",
-        type=positive_float,
-        default=None,
-        metavar="W",
-        help="keep repeating a point until the 95%% CI of every candidate-vs-baseline speedup "
-        "that decides there (tok/s; E2E at a request rate) has a half-width under W (log scale, "
-        "0.05 ~ +-5%%), up to --max-repeats (a precision target, not a verdict: fixed-n "
-        "intervals)",
-    )
-    r.add_argument(
-        "--max-repeats",
-        type=positive_int,
-        default=None,
-        help="cap on blocks: of the sequential design (default 8) or of --target-ci (default 20)",
-    )
+    stop_flags.add(r)
     r.add_argument(
         "--warmup",
         "--num-warmups",

@@ -14,6 +14,7 @@ from engines.base import REGISTRY, engine_class
 from engines.local_model import missing_path
 from harness.cli import capacity_flags, workload_flags
 from harness.cli.options import UsageError, goodput, json_arg, kv_args, variant_urls
+from harness.cli.stop_flags import DEFAULT_BUDGET_MIN, DEFAULT_REPEATS
 from harness.cli.vllm_flags import api_root
 from harness.core.design import PER_BLOCK
 from harness.run.lanes import can_rebuild
@@ -22,15 +23,6 @@ from harness.run.plan import GRACE_S, RunPlan, check_engines, parse_methods
 # 4 prompts x 32 tokens: with a fresh engine per block (4 builds and closes, ~20-30 s a block)
 # the main job took 10 min 47 s at 40 tokens (fresh clone, 2026-11-30 20:30 UTC)
 DEFAULT_MAX_NEW_TOKENS = 32
-# The fixed-n design (--repeats N, or a run that compares nothing): blocks are the unit of every
-# CI (harness/analysis/stats.py); with a fresh engine per block 4 find a 10% speedup of tok/s at
-# 3% run noise 54% of the time, 20% 96% (README, Statistics; tests/test_calibration.py).
-DEFAULT_REPEATS = 4
-# A run that compares (--spec, --aa, several engines) uses the sequential design by default
-# (harness.analysis.sequential): looks from 3 blocks, the cap, and one time budget for the
-# session, so that the main job's worst case (every answer close) runs the 4 blocks the fixed
-# design ran (~1.8 min a block on 2 cores) and stays under 10 minutes with set-up and report.
-DEFAULT_BUDGET_MIN = 8.0
 DEFAULT_CONCURRENCY = 4  # one load point: 4 in flight (the main job must fit 10 min on 2 cores)
 
 # --token-ids: forced on, forced off, or (None) as the run needs: when it compares outputs or a

@@ -84,11 +84,16 @@ class Stopper:
 
     def fits(self, points: Iterable[int], block: int, elapsed_s: float) -> bool:
         """Whether a block of ``points`` fits in the budget, ``elapsed_s`` into the session:
-        predicted as the longest block so far whose points included all of these."""
+        predicted as the longest block so far of these points, else of more (a block that
+        included all of these), else the longest."""
         if self.budget_s is None or block < self.rule.first:
             return True
         want = frozenset(points)
-        past = [s for pts, s in self.durations if want <= pts] or [s for _, s in self.durations]
+        past = (
+            [s for pts, s in self.durations if want == pts]
+            or [s for pts, s in self.durations if want <= pts]
+            or [s for _, s in self.durations]
+        )
         return elapsed_s + (max(past) if past else 0.0) <= self.budget_s
 
     def admits(self, here: Mapping[int, Sequence[Run]], block: int, now: float) -> bool:
