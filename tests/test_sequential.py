@@ -223,3 +223,27 @@ if __name__ == "__main__":  # the power table of docs/statistics-sequential.md
             for n in (3, 4, 5, 6, 8)
         ]
         print(f"{effect:.2f}x fixed n 3,4,5,6,8: " + ", ".join(f"{x:.0%}" for x in fixed))
+
+
+def test_the_summary_says_per_comparison_the_blocks_and_why_it_stopped() -> None:
+    """A real sequential session through the analysis and the markdown: each deciding
+    comparison's line names its verdict, its blocks and its reason; every look is stored."""
+    from harness.analysis.derived import analyze
+    from harness.report.markdown import render
+
+    session = _session([], noise=0.01, seed=1, speedup=2.0)
+    design = {"name": "interleaved", "description": "", "stopping": session.stopper.record()}
+    design |= {"prefix_cache_description": ""}
+    derived = analyze(session.runs, min_effect=MIN_EFFECT, stopping=design["stopping"])
+    (tok,) = [c for c in derived["comparisons"] if c["decides"]]
+    assert (tok["verdict"], tok["blocks"], tok["stopped"]) == ("faster", 3, "decided")
+    assert [look["n"] for look in tok["looks"]] == [3]
+    assert set(tok["looks"][0]) >= {"n", "estimate", "lo", "hi", "boundary"}
+    md = render({**derived, "design": design})
+    assert "## Sequential stopping" in md
+    assert "hf/ngram vs hf/baseline, latency, 1 at a time: 2.00x [" in md
+    assert (
+        md.split("hf/ngram vs hf/baseline, latency, 1 at a time: ")[1]
+        .split("\n")[0]
+        .endswith("faster at 3 blocks (decided)")
+    )
