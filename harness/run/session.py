@@ -183,7 +183,7 @@ class Session:
                 await self._block(lanes, points, block, todo, halted, dead)
 
     def _here(self, lanes: list[Lane], p: Point) -> list[Run]:
-        group = self.plan.cell(lanes[0].config.engine, lanes[0].label, p, 0).group
+        group = self.plan.cell("", "", p, 0).group  # the point's runs, whatever the lane
         return [r for r in self.runs if r.cell.group == group]
 
     def _repeating(self, lanes: list[Lane], p: Point, block: int, since: Any = None) -> bool:
