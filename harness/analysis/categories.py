@@ -21,6 +21,7 @@ from harness.analysis.paired import (
     compare_groups,
     pair_design,
 )
+from harness.analysis.sequential import Rule
 from harness.core.records import RequestRecord
 from harness.core.results import Run, group_runs
 from workloads.conversations import split_turn
@@ -64,11 +65,16 @@ def acceptance(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
 
 
 def category_tables(
-    runs: Sequence[Run], categories: Mapping[str, str], *, min_effect: float
+    runs: Sequence[Run],
+    categories: Mapping[str, str],
+    *,
+    min_effect: float,
+    rule: Rule | None = None,
 ) -> list[dict[str, Any]]:
     """One entry per (speculative variant, latency point): ``cells[category]`` (and
     ``cells["overall"]``) = the tokens/s comparison against the same engine's baseline on that
-    category's prompts, plus ``acceptance``; empty when no request has a category."""
+    category's prompts, plus ``acceptance``; empty when no request has a category. ``rule``:
+    the run's sequential design (its intervals hold at whatever block the point stopped)."""
     if not categories:
         return []
     cats = sorted(set(categories.values()))
@@ -89,7 +95,7 @@ def category_tables(
             b, c = _only(base, ids), _only(cand, ids)
             if not any(r.counted for run in c for r in run.records):
                 continue
-            comp = compare_groups(b, c, min_effect=min_effect)[METRIC]
+            comp = compare_groups(b, c, min_effect=min_effect, rule=rule)[METRIC]
             if design in UNPAIRED_DESIGNS:
                 comp = replace(comp, lo=None, hi=None, verdict=UNPAIRED)
             recs = [r for run in c for r in run.counted]

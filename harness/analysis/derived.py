@@ -108,7 +108,7 @@ def analyze(
         "speed_of_light": _speed_of_light(rows, bound),
         "not_run": _not_run(runs),
         # request id -> category (the workload's): Spec-Bench's per-category table
-        "categories": category_tables(runs, categories or {}, min_effect=min_effect),
+        "categories": category_tables(runs, categories or {}, min_effect=min_effect, rule=rule),
     }
     return out | reading(out, runs)
 

@@ -118,12 +118,18 @@ def log_speedups(base: list[Run], cand: list[Run], metric: str) -> list[float]:
 
 
 def compare_groups(
-    base: list[Run], cand: list[Run], *, min_effect: float, seed: int = 0
+    base: list[Run], cand: list[Run], *, min_effect: float, seed: int = 0, rule: Rule | None = None
 ) -> dict[str, Comparison]:
     """Speedups of ``cand`` over ``base`` (>1 = candidate better) for every metric, paired by
-    repeat (see harness/analysis/stats.py for why the repeat is the unit). ``seed`` is unused (the
+    repeat (see harness/analysis/stats.py for why the repeat is the unit); with ``rule`` the
+    sequential design's interval (harness.analysis.sequential). ``seed`` is unused (the
     t-interval draws nothing) and kept for callers."""
     del seed
+    if rule is not None:
+        return {
+            m: sequential_comparison(m, log_speedups(base, cand, m), rule, min_effect)[0]
+            for m in METRICS
+        }
     return {m: compare_log_ratios(m, log_speedups(base, cand, m), min_effect) for m in METRICS}
 
 
