@@ -147,6 +147,9 @@ class EngineConfig:
     # engines of one run alive at once on this machine: an engine that reserves memory (vLLM's
     # GPU budget) takes its share of the default budget
     share: int = 1
+    # the share of the device's memory the run's memory plan gave this engine (vLLM's
+    # gpu_memory_utilization; harness.run.memory), None: the engine's own default
+    memory_fraction: float | None = None
     prefix_cache: str = "reset"  # "reset" (before each measured run), "off", "keep"
 
     @property
@@ -181,6 +184,11 @@ class Capabilities:
     # for each block (repeat), so an instance's own speed offset varies between blocks and the
     # CI, which is computed over blocks, covers it (harness.core.design: instances)
     rebuild_per_block: bool = False
+    # how it holds device memory, for the memory plan before anything loads: "" (elsewhere: a
+    # remote server), "shared" (loads its weights into this process; lanes of one model share
+    # one copy), "own" (a copy per lane: one server each), "budget" (reserves a share of the
+    # device per lane: vLLM's gpu_memory_utilization, given through EngineConfig.memory_fraction)
+    device_memory: str = ""
 
 
 @runtime_checkable
@@ -263,6 +271,13 @@ class Engine(Protocol):
     # ---- what the run's flags mean to it (defaults: nothing) ----------------------------------
     # the run-level settings (engines.http_flags.RunFlags) this engine takes into its options
     run_flags: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def engine_arg_names(cls) -> frozenset[str] | None:
+        """The ``engine_args`` keys this engine takes, so that a global ``--engine-args`` key
+        goes only to the engines that take it and a scoped one it does not take is refused
+        before loading; None: any (its library or server checks them)."""
+        return None
 
     @classmethod
     def options_from(cls, flags: Mapping[str, Any], speculative: bool) -> dict[str, Any]:

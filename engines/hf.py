@@ -33,13 +33,8 @@ from engines.base import (
     UnsupportedError,
     new_tokens,
 )
-from engines.hf_spec import (
-    SPEC_METHODS,
-    AcceptanceCounter,
-    len_hint,
-    patch_candidate_generator,
-    spec_settings,
-)
+from engines.hf_models import FROM_PRETRAINED, Held, check_args, dtype_name, load, release
+from engines.hf_spec import SPEC_METHODS, AcceptanceCounter, len_hint, spec_settings
 from engines.hf_stream import END, ERROR, Steps, request_chunk, streamer_class
 from engines.hf_thread import generation_thread
 from engines.local_model import missing_path, prompt_ids
@@ -54,15 +49,17 @@ class HFEngine(Engine):
     spec_methods: ClassVar[tuple[str, ...]] = SPEC_METHODS
     # several configurations fit one process (runs interleave); baseline batches are static
     capabilities: ClassVar[Capabilities] = Capabilities(
-        coexist=True, static_batching=True, rebuild_per_block=True
+        coexist=True, static_batching=True, rebuild_per_block=True, device_memory="shared"
     )
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self._spec = spec_settings(config.spec_config) if config.spec_config else {}
-        self._counter = AcceptanceCounter(len_hint(config.spec_config))
+        self.counter = AcceptanceCounter(len_hint(config.spec_config))
         self._passes = 0
-        self._lock = threading.Lock()  # one generate at a time (shared models, counters, seed)
+        self._held: Held | None = None  # the target, shared with the other lanes of this process
+        self._held_draft: Held | None = None
+        self._lock = threading.Lock()  # one generate at a time (the held model's, once started)
         self.tokenizer: Any = None
         self.model: Any = None
         self.draft: Any = None
@@ -81,6 +78,7 @@ class HFEngine(Engine):
         spec_settings(config.spec_config)
         if config.dtype not in ("auto", *_DTYPES):
             raise EngineError(f"hf engine: dtype {config.dtype!r}; choose auto or {_DTYPES}")
+        check_args(config.engine_args, _DTYPES)
         paths = [("model", config.model), ("tokenizer", config.tokenizer)]
         if method == "draft_model":
             draft = cls._draft_name(config)
@@ -90,6 +88,8 @@ class HFEngine(Engine):
         for what, name in paths:
             if missing_path(name):
                 raise EngineError(f"hf engine: {what} path not found: {name}")
+
+    engine_arg_names = classmethod(lambda cls: FROM_PRETRAINED)  # hf_models.FROM_PRETRAINED
 
     @staticmethod
     def _draft_name(config: EngineConfig) -> str | None:
@@ -111,39 +111,39 @@ class HFEngine(Engine):
         dev = cfg.device
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if dev == "auto" else dev
         on_cuda = self.device.startswith("cuda")
-        name = cfg.dtype if cfg.dtype != "auto" else ("float16" if on_cuda else "float32")
-        self.dtype = getattr(torch, name)
-
-        def load(path: str, **kw: Any) -> Any:
-            try:
-                m = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype, **kw)
-            except Exception as e:  # hub id offline, bad directory, ...
-                raise EngineError(f"hf engine: cannot load {path}: {str(e).splitlines()[0]}") from e
-            return m.to(self.device).eval()
+        kwargs = {k: v for k, v in cfg.engine_args.items() if k != "dtype"}
+        self.dtype = getattr(torch, dtype_name(cfg.engine_args.get("dtype") or cfg.dtype, on_cuda))
 
         tok_name = cfg.tokenizer or cfg.model
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(tok_name)
         except Exception as e:
             raise EngineError(f"hf engine: cannot load tokenizer {tok_name}: {e}") from e
-        self.model = load(cfg.model, **dict(cfg.engine_args))
+        # one object per (model, dtype, device, settings) in this process: lanes share it
+        self._held = load(AutoModelForCausalLM, cfg.model, self.dtype, self.device, kwargs)
+        self.model, self._lock = self._held.model, self._held.lock
         if cfg.spec_method == "draft_model":
-            self.draft = load(str(self._draft_name(cfg)))
+            draft = str(self._draft_name(cfg))
+            self._held_draft = load(AutoModelForCausalLM, draft, self.dtype, self.device, {})
+            self.draft = self._held_draft.model
             tv = self.model.config.get_text_config().vocab_size
             dv = self.draft.config.get_text_config().vocab_size
             if tv != dv:
                 raise EngineError(f"hf engine: draft vocabulary ({dv}) != target vocabulary ({tv})")
         if cfg.spec_config is not None:
-            patch_candidate_generator(self.model, self._counter)
-            self.model.register_forward_hook(self._count_pass)
+            self._held.count()  # its counts go to the engine generating (hf_models.Held)
 
-    def _count_pass(self, *_: Any) -> None:
+    def count_pass(self) -> None:
         """Forward hook: one target pass (each verifies a whole draft)."""
         self._passes += 1
 
     async def close(self) -> None:
         on_cuda = bool(self.device and self.device.startswith("cuda"))
         self.model = self.draft = self.tokenizer = None
+        freed = [release(self._held), release(self._held_draft)]
+        self._held = self._held_draft = None
+        if not any(freed):  # other lanes still hold the models
+            return
         gc.collect()
         if on_cuda:
             import torch
@@ -176,7 +176,7 @@ class HFEngine(Engine):
     def spec_counters(self) -> SpecCounters | None:
         if self.config.spec_config is None:
             return None
-        return dataclasses.replace(self._counter.snapshot(), target_passes=self._passes)
+        return dataclasses.replace(self.counter.snapshot(), target_passes=self._passes)
 
     def max_batch(self) -> int | None:
         return None if self.config.spec_config is None else 1
@@ -230,6 +230,8 @@ class HFEngine(Engine):
             if stop.is_set():  # the consumer left while this call waited for the thread
                 return
             with self._lock, torch.inference_mode():  # as cheap as generate can be made
+                if self._held is not None:  # the shared model counts into this engine
+                    self._held.current = self
                 extra: dict[str, Any] = {}
                 if self.draft is not None:
                     # the heuristic schedule and the confidence threshold live on (and are
@@ -384,6 +386,8 @@ class HFEngine(Engine):
 
         def both() -> tuple[float, float | None]:
             with self._lock:
+                if self._held is not None:
+                    self._held.current = self
                 return per_step(self.model), (
                     per_step(self.draft) if self.draft is not None else None
                 )

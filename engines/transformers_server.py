@@ -37,7 +37,7 @@ class TransformersServerEngine(VLLMServerEngine):
     continuous_batching: ClassVar[bool] = False
     # no /metrics: no load gauges (nor speculative counters)
     capabilities: ClassVar[Capabilities] = Capabilities(
-        coexist=True, managed=True, client_workers=True
+        coexist=True, managed=True, client_workers=True, device_memory="own"
     )
 
     @classmethod

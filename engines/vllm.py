@@ -49,6 +49,7 @@ from engines.vllm_setup import (
     sampling_params,
     torch_threads_kept,
     validate_config,
+    vllm_arg_names,
 )
 from engines.vllm_stepper import STEPPER, Open
 from engines.vllm_threads import StepThreads
@@ -70,7 +71,7 @@ class VLLMEngine(Engine):
     # several engines live in one process (stepped by one shared thread, idle while another
     # lane runs): its counters come from its own stats tap, and shutdown spares the others
     capabilities: ClassVar[Capabilities] = Capabilities(
-        coexist=True, tunable=True, rebuild_per_block=True
+        coexist=True, tunable=True, rebuild_per_block=True, device_memory="budget"
     )
 
     def __init__(self, config: EngineConfig) -> None:
@@ -101,6 +102,8 @@ class VLLMEngine(Engine):
     @classmethod
     def validate(cls, config: EngineConfig) -> None:
         validate_config(config, cls.spec_methods)
+
+    engine_arg_names = staticmethod(vllm_arg_names)  # EngineArgs' fields
 
     async def start(self) -> None:
         self.validate(self.config)

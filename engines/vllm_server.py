@@ -138,7 +138,12 @@ class VLLMServerEngine(ManagedServerFlags, Engine):
     # the harness starts the server (its log goes with the results); one server per variant,
     # each on its own port, all alive at once; load gauges from its /metrics; HTTP clients
     capabilities: ClassVar[Capabilities] = Capabilities(
-        coexist=True, managed=True, load_gauges=True, client_workers=True, tunable=True
+        coexist=True,
+        managed=True,
+        load_gauges=True,
+        client_workers=True,
+        tunable=True,
+        device_memory="budget",
     )
 
     def __init__(self, config: EngineConfig) -> None:
@@ -325,7 +330,9 @@ class VLLMServerEngine(ManagedServerFlags, Engine):
         args.setdefault("dtype", cfg.dtype)
         if cfg.prefix_cache == "off":
             args["enable_prefix_caching"] = False
-        if not self.cpu and cfg.share > 1:  # servers alive at once split one GPU's memory
+        if not self.cpu and cfg.memory_fraction is not None:  # the run's memory plan
+            args["gpu_memory_utilization"] = cfg.memory_fraction
+        elif not self.cpu and cfg.share > 1:  # servers alive at once split one GPU's memory
             args["gpu_memory_utilization"] = round(0.9 / cfg.share, 3)
         if cfg.tokenizer:
             args["tokenizer"] = cfg.tokenizer

@@ -27,6 +27,13 @@ RESERVED = ("model", "tokenizer", "speculative_config")  # set through EngineCon
 MEMORY_KEYS = ("kv_cache_memory_bytes", "gpu_memory_utilization")
 
 
+def vllm_arg_names() -> frozenset[str]:
+    """vLLM's ``EngineArgs`` fields, less those set through the engine config."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    return frozenset(f.name for f in dataclasses.fields(EngineArgs)) - set(RESERVED)
+
+
 def validate_config(config: EngineConfig, spec_methods: tuple[str, ...]) -> None:
     """Cheap checks before anything loads: paths, the speculative method, engine_args keys."""
     for what, path in (("model", config.model), ("tokenizer", config.tokenizer)):
@@ -93,6 +100,9 @@ def engine_kwargs(cfg: EngineConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         defaults["disable_log_stats"] = False  # get_metrics() needs the stat loggers
     if current_platform.is_cpu():
         defaults.update(cpu_defaults(cfg.model, user))
+    elif cfg.memory_fraction is not None and not any(k in user for k in MEMORY_KEYS):
+        # the run's memory plan (harness.run.memory): what the other engines leave, split
+        defaults["gpu_memory_utilization"] = cfg.memory_fraction
     elif cfg.share > 1 and not any(k in user for k in MEMORY_KEYS):
         # engines alive at once on one device (interleaved lanes) split vLLM's 0.9 default
         defaults["gpu_memory_utilization"] = round(0.9 / cfg.share, 3)

@@ -72,14 +72,19 @@ def _engines(p: argparse.ArgumentParser) -> None:
         "--dtype",
         default="auto",
         choices=["auto", "float32", "bfloat16", "float16"],
-        help="weights dtype (auto: float32 on CPU, float16 on GPU for hf; vLLM's choice for vllm)",
+        help="weights dtype, one for every engine (auto: float32 on CPU; on CUDA the model's "
+        "config.json torch_dtype, bfloat16 if it says float32); a second dtype for one engine: "
+        "--engine-args ENGINE='{\"dtype\": ...}'",
     )
     g.add_argument("--device", default="auto", help="hf engine device: auto, cpu, cuda, cuda:N")
     g.add_argument(
         "--engine-args",
+        action="append",
         default=None,
-        metavar="JSON",
-        help="JSON object passed untouched to the engine (vLLM EngineArgs, e.g. '{\"tensor_parallel_size\": 2}')",
+        metavar="[ENGINE=]JSON",
+        help="JSON object passed to the engines that take its keys (vLLM EngineArgs, e.g. "
+        "'{\"tensor_parallel_size\": 2}'); ENGINE=JSON for one engine only, e.g. "
+        'vllm=\'{"max_model_len": 8192}\' hf=\'{"attn_implementation": "sdpa"}\' (repeatable)',
     )
     g.add_argument(
         "--engine-arg",
@@ -256,6 +261,8 @@ def _statistics_and_output(p: argparse.ArgumentParser) -> None:
         default=None,
         help="stop the run cleanly once this share of requests failed",
     )
+    what = "lanes, engines built, memory per lane, requests, time, what will not run"
+    r.add_argument("--dry-run", action="store_true", help=f"print the plan ({what}); load nothing")
     r.add_argument(
         "--sequential",
         action="store_true",

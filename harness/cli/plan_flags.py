@@ -13,7 +13,8 @@ from typing import Any
 from engines.base import REGISTRY, engine_class
 from engines.local_model import missing_path
 from harness.cli import capacity_flags, workload_flags
-from harness.cli.options import UsageError, goodput, json_arg, kv_args, variant_urls
+from harness.cli.engine_args import resolve as resolve_engine_args
+from harness.cli.options import UsageError, goodput, json_arg, variant_urls
 from harness.cli.stop_flags import DEFAULT_BUDGET_MIN, DEFAULT_REPEATS
 from harness.cli.vllm_flags import api_root
 from harness.core.design import PER_BLOCK
@@ -81,10 +82,7 @@ def build_plan(
             '\'{"method": "eagle3", "model": PATH, "num_speculative_tokens": 4}\' '
             "(the shipped family has one: --model embedded)"
         )
-    engine_args = {
-        **(json_arg("--engine-args", args.engine_args) or {}),
-        **kv_args(args.engine_arg),
-    }
+    engine_args, by_engine = resolve_engine_args(args.engine_args, args.engine_arg, engines)
     modes = ("latency", "throughput") if args.mode == "both" else (args.mode,)
     if args.concurrency and args.mode == "latency":
         raise UsageError("--concurrency applies to throughput mode; use --mode throughput or both")
@@ -151,6 +149,7 @@ def build_plan(
         dtype=args.dtype,
         device=args.device,
         engine_args=engine_args,
+        engine_args_by_engine=by_engine,
         options=options,
         prefix_cache=args.prefix_cache,
         aa=args.aa,

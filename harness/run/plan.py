@@ -63,6 +63,10 @@ class RunPlan:
     dtype: str = "auto"
     device: str = "auto"
     engine_args: Mapping[str, Any] = field(default_factory=dict)
+    # engine -> its arguments (the global ones it takes + --engine-args NAME=JSON); None: the
+    # global ones for every engine (harness.cli.engine_args)
+    engine_args_by_engine: Mapping[str, Mapping[str, Any]] | None = None
+    resolved_dtype: str | None = None  # --dtype resolved once for every engine (model_size)
     options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # engine -> options
     prefix_cache: str = "reset"  # harness.core.design.PREFIX_CACHE_POLICIES
     aa: bool = False  # A/A: the baseline twice (AA_LABEL), compared as usual
@@ -156,16 +160,21 @@ class RunPlan:
                             tokenizer=self.tokenizer,
                             draft_model=self.draft_model,
                             spec_config=spec,
-                            dtype=self.dtype,
+                            dtype=self.resolved_dtype or self.dtype,
                             device=self.device,
                             seed=self.seed,
-                            engine_args=dict(self.engine_args),
+                            engine_args=dict(self.args_for(engine)),
                             options=dict(self.options.get(engine, {})),
                             prefix_cache=self.prefix_cache,
                         ),
                     )
                 )
         return out
+
+    def args_for(self, engine: str) -> Mapping[str, Any]:
+        if self.engine_args_by_engine is None:
+            return self.engine_args
+        return self.engine_args_by_engine.get(engine, {})
 
     # ---- points --------------------------------------------------------------------------------
     def strategies(self, mode: str) -> list[LoadStrategy]:

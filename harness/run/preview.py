@@ -1,0 +1,203 @@
+"""The plan as it will run, computed before anything loads: the lanes, the engines built per
+block, the memory each lane gets (:mod:`harness.run.memory`), the requests and tokens, a wall-time
+estimate where the device's bandwidth is known, and the variants ``--spec`` asked for that
+cannot run (``not_run``, each with how to supply what it lacks). ``--dry-run`` prints it; every
+run records it in results.json (``plan``, ``not_run``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from engines.base import EngineConfig, Request, engine_class, speculative_config
+from harness.core.design import ONE, PER_BLOCK
+from harness.run.lanes import Lane, unsupported_method
+from harness.run.memory import Device, MemoryPlan, Sizes, advice, plan_memory
+from harness.run.plan import EAGLE, RunPlan
+
+# nominal memory bandwidth (bytes/s) by device name: the batch-1 decode bound of the estimate
+BANDWIDTH = {
+    "H200": 4.8e12, "H100": 3.35e12, "H800": 3.35e12, "A100-SXM4-80GB": 2.04e12, "A100": 1.55e12,
+    "L40S": 0.86e12, "A10": 0.6e12, "L4": 0.3e12, "4090": 1.0e12, "3090": 0.94e12,
+}  # fmt: skip
+# assumed seconds to build one engine (load + compile + CUDA-graph capture for budget engines)
+BUILD_S = {"budget": 60.0, "shared": 10.0, "own": 30.0, "": 1.0}
+HOW = {
+    "draft_model": "--draft-model ID_OR_PATH (a smaller model with the target's vocabulary)",
+    "eagle3": '--spec-config \'{"method": "eagle3", "model": HEAD_ID_OR_PATH, '
+    '"num_speculative_tokens": 3}\' (an EAGLE-3 head trained for this target)',
+}
+
+
+class DoesNotFit(ValueError):
+    """The plan's memory exceeds the device: one line saying what to change."""
+
+
+@dataclass
+class Preview:
+    device: Device
+    dtype: str
+    dtype_why: str
+    design: str  # "interleaved" or "sequential"
+    lanes: list[dict[str, Any]] = field(default_factory=list)
+    builds_per_block: list[int] = field(default_factory=list)
+    requests: int = 0
+    new_tokens: int = 0
+    estimate_s: float | None = None
+    estimate_why: str = ""
+    memory: MemoryPlan | None = None
+    not_run: list[dict[str, str]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "device": self.device.to_json(),
+            "dtype": self.dtype,
+            "dtype_why": self.dtype_why,
+            "design": self.design,
+            "lanes": self.lanes,
+            "engines_built_per_block": self.builds_per_block,
+            "engines_built": sum(self.builds_per_block),
+            "requests": self.requests,
+            "new_tokens": self.new_tokens,
+            "estimate_s": self.estimate_s,
+            "estimate_why": self.estimate_why,
+            "memory": None if self.memory is None else self.memory.to_json(),
+        }
+
+
+def not_run(plan: RunPlan, engine_methods: Mapping[str, Sequence[str]]) -> list[dict[str, str]]:
+    """Every (engine, method) ``--spec`` asked for that the plan has no variant for, and why:
+    the engine lacks the method, or the method lacks its model (a draft, an EAGLE-3 head)."""
+    out: list[dict[str, str]] = []
+    for engine in plan.engines:
+        has = engine_methods.get(engine, ())
+        for method in plan.spec_methods:
+            if method not in has and not (method in EAGLE and plan.eagle3_model):
+                out.append({
+                    "engine": engine, "method": method, "why": f"{engine} has no {method}",
+                    "how": f"--engine with {method} (e.g. " + ", ".join(
+                        e for e in engine_methods if method in engine_methods[e]
+                    ) + ")",
+                })  # fmt: skip
+                continue
+            k = plan.num_spec_tokens[0] if plan.num_spec_tokens else 1
+            if speculative_config(method, k, plan.draft_model, plan.eagle3_model) is None:
+                what = "draft model" if method == "draft_model" else "EAGLE-3 head"
+                out.append({
+                    "engine": engine, "method": method,
+                    "why": f"no {what} for --model {plan.model}",
+                    "how": HOW.get(method, f"--spec-config '{{\"method\": \"{method}\", ...}}'"),
+                })  # fmt: skip
+    return out
+
+
+def preview(
+    plan: RunPlan,
+    configs: Sequence[tuple[str, EngineConfig]],
+    requests: Sequence[Request],
+    device: Device,
+    dtype_why: str,
+    engine_methods: Mapping[str, Sequence[str]],
+    sizes: Sizes | None = None,
+) -> Preview:
+    """The plan of ``configs`` on ``device``, as :class:`harness.run.session.Session` will run it
+    (its design, instances and points), with the memory of every lane it builds."""
+    lanes = [Lane(label, c) for label, c in configs]
+    built = [lane for lane in lanes if not unsupported_method(lane.config)]
+    coexist = plan.interleave and len(lanes) > 1 and all(lane.coexist for lane in lanes)
+    design = "interleaved" if coexist or len(lanes) == 1 else "sequential"
+    per_block = all(lane.instances(plan.instances) == PER_BLOCK for lane in built)
+    points = list(plan.points())
+    out = Preview(device, plan.resolved_dtype or plan.dtype, dtype_why, design)
+    out.not_run = not_run(plan, engine_methods)
+    blocks = plan.repeats if per_block else 1
+    out.builds_per_block = [len(built)] * blocks
+    longest_prompt = max((_prompt_tokens(r) for r in requests), default=0)
+    max_new = max(plan.max_new_tokens, default=0)
+    batch = max([p.strategy.max_concurrency or 1 for p in points if p.mode == "throughput"] + [1])
+    seconds = 0.0
+    bandwidth = next((v for k, v in BANDWIDTH.items() if k in device.name), None)
+    for lane in lanes:
+        entry: dict[str, Any] = {
+            "lane": lane.name,
+            "engine": lane.config.engine,
+            "label": lane.label,
+            "spec_config": None
+            if lane.config.spec_config is None
+            else dict(lane.config.spec_config),
+            "engine_args": dict(lane.config.engine_args),
+        }
+        if unsupported_method(lane.config):
+            entry["built"] = False
+            entry["status"] = unsupported_method(lane.config)
+            out.lanes.append(entry)
+            continue
+        entry["built"] = True
+        entry["instances"] = PER_BLOCK if per_block else ONE
+        n_req = sum(len(plan.point_requests(p, requests)) for p in points) * plan.repeats
+        warm = plan.warmup * len(points) * (plan.repeats if per_block else 1)
+        entry["requests"] = n_req
+        entry["warmup_requests"] = warm
+        out.requests += n_req
+        out.new_tokens += n_req * max_new
+        out.lanes.append(entry)
+    memory = plan_memory(
+        [(lane.name, lane.config) for lane in built], device, out.dtype, coexist, batch,
+        (longest_prompt or 1024) + max_new, sizes,
+    )  # fmt: skip
+    if not memory.fits:
+        alone = plan_memory(
+            [(lane.name, lane.config) for lane in built], device, out.dtype, False, batch,
+            (longest_prompt or 1024) + max_new, sizes,
+        )  # fmt: skip
+        memory.advice = advice(memory, alone if coexist else None)
+    out.memory = memory
+    for entry in out.lanes:
+        mine = next((m for m in memory.lanes if m.lane == entry["lane"]), None)
+        if mine is not None:
+            entry["memory"] = mine.to_json()
+    builds = sum(out.builds_per_block)
+    holds = [engine_class(lane.config.engine).capabilities.device_memory for lane in built]
+    seconds = sum(BUILD_S[h] for h in holds) * blocks
+    weights = {m.lane: m.weights_bytes for m in memory.lanes}
+    if bandwidth and device.on_cuda and weights:
+        per_token = max(weights.values()) / bandwidth  # the batch-1 bound of the largest lane
+        tokens = out.new_tokens
+        seconds += tokens * per_token / max(1, batch // 2)
+        out.estimate_s = round(seconds)
+        out.estimate_why = (
+            f"lower bound: {builds} engine builds at the assumed {BUILD_S} s each, decode at the "
+            f"batch-1 weight-read bound ({device.name} ~{bandwidth / 1e12:.2f} TB/s nominal)"
+        )
+    else:
+        out.estimate_why = "no estimate on this device (see docs/gpu.md for measured main jobs)"
+    return out
+
+
+def check_fit(p: Preview) -> None:
+    """Stop before loading when the lanes cannot fit the device (CUDA; on the host the plan is
+    reported, never refused: the OS pages and the CPU defaults size vLLM's cache)."""
+    if p.memory is not None and not p.memory.fits and p.device.on_cuda:
+        raise DoesNotFit(p.memory.advice or "memory: the plan does not fit")
+
+
+def with_fractions(
+    configs: Sequence[tuple[str, EngineConfig]], p: Preview
+) -> list[tuple[str, EngineConfig]]:
+    """The configs with each budget lane's ``memory_fraction`` from the plan."""
+    fractions = {} if p.memory is None else {
+        m.lane: m.memory_fraction for m in p.memory.lanes if m.memory_fraction
+    }  # fmt: skip
+    return [
+        (label, replace(c, memory_fraction=fractions.get(f"{c.engine}/{label}", c.memory_fraction)))
+        for label, c in configs
+    ]
+
+
+def _prompt_tokens(request: Request) -> int:
+    """The prompt's length in tokens: its ids where known, else ~4 characters a token."""
+    if request.prompt_token_ids is not None:
+        return len(request.prompt_token_ids)
+    text = request.prompt or " ".join(m.get("content", "") for m in request.messages or ())
+    return len(text) // 4 + 1
