@@ -64,11 +64,13 @@ def finalize(
     status: str,
     design: dict[str, Any] | None = None,
     session: str | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Derive every number once (:func:`harness.analysis.derived.analyze`), write results.json
     (atomically), then the views from it alone (:func:`harness.report.views.write_views`).
     Every run is marked with ``session`` (a new one if None): all ran in one interleaved
-    schedule, which ``compare`` pairs within."""
+    schedule, which ``compare`` pairs within.
+    ``extra``: keys recorded as they are (the plan said before loading)."""
     from harness.analysis.derived import analyze, run_summaries
     from harness.report.views import write_views
 
@@ -94,6 +96,7 @@ def finalize(
             "categories": {r.id: r.category for r in workload.requests if r.category},
         },
         "design": design,  # harness.core.design: which variant ran when, and the cache policy
+        **(extra or {}),
         "runs": [r.to_json(s) for r, s in zip(runs, summaries)],
     }
     results |= analyze(

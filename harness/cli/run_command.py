@@ -15,6 +15,7 @@ from engines.base import EngineConfig, EngineError
 from harness.cli.finalize import finalize
 from harness.cli.options import UsageError
 from harness.cli.pipeline import prepare, with_log
+from harness.cli.plan_view import plan_before_loading, resolve_device_and_dtype
 from harness.cli.preflight import (
     check_endpoint,
     check_models,
@@ -26,6 +27,7 @@ from harness.cli.preflight import (
 )
 from harness.core.results import Run
 from harness.run.journal import Journal, new_session_id, recorded_session, runs_from_journal
+from harness.run.memory import Sizes
 from harness.run.plan import PlanError, RunPlan
 from harness.run.runner import settle
 
@@ -42,15 +44,25 @@ def run_main(args: argparse.Namespace) -> int:
     try:
         prepared = prepare(args)
         plan, workload, out = prepared.plan, prepared.workload, prepared.out
-        check_resume(plan, out)
+        sizes = Sizes()  # each model's config.json read once (harness.run.memory)
+        plan, device, dtype_why = resolve_device_and_dtype(plan, sizes)
+        if not args.dry_run:
+            check_resume(plan, out)
         configs = variant_servers(plan.engine_configs(engine_methods(plan)))
         check_models(plan)
         check_endpoint(configs, workload.requests)
-        check_servers(configs)
+        if not args.dry_run:
+            check_servers(configs)
         validate_configs(plan, configs)
+        view, configs = plan_before_loading(
+            plan, configs, workload.requests, device, dtype_why, engine_methods(plan), sizes,
+            args.dry_run,
+        )  # fmt: skip
     except (UsageError, PlanError, EngineError, WorkloadError) as exc:
         raise UsageError(str(exc)) from None
-    return asyncio.run(_execute(plan, configs, workload, out))
+    if args.dry_run:
+        return 0
+    return asyncio.run(_execute(plan, configs, workload, out, view.to_json(), view.not_run))
 
 
 async def _execute(
@@ -58,6 +70,8 @@ async def _execute(
     configs: list[tuple[str, EngineConfig]],
     workload: Workload,
     out: Path,
+    preview: dict | None = None,
+    not_run: list | None = None,
 ) -> int:
     from harness.run.capacity import bind, search_plan
     from harness.run.session import Session
@@ -143,7 +157,10 @@ async def _execute(
         design["prefix_cache_description"] += f"; {CACHE_POLICY}"
     if session.stopper is not None:  # the sequential design: each point's blocks and stop
         design["stopping"] = session.stopper.record()
-    results = finalize(out, plan, workload, runs, status, design=design, session=session_id)
+    results = finalize(
+        out, plan, workload, runs, status, design=design, session=session_id,
+        extra={"plan": preview, "not_run": not_run or []},
+    )  # fmt: skip
     if plan.save_vllm_json:
         from harness.report.vllm_json import export_dir
 

@@ -23,7 +23,7 @@ USABLE = 0.9  # vLLM's default gpu_memory_utilization: the rest is left to the d
 SHARED_OVERHEAD = 1 << 30
 BUDGET_OVERHEAD = 2 << 30
 OWN_OVERHEAD = 1 << 30
-PROMPT_TOKENS_GUESS = 1024  # a prompt's length for the HF KV minimum when none is known
+CPU_MAX_MODEL_LEN = 2048  # the in-process vLLM's max_model_len on CPU (engines/vllm_setup.py)
 
 
 @dataclass(frozen=True)
@@ -181,15 +181,18 @@ def plan_memory(
             loaded.setdefault(key, name)
             weights += size.weight_bytes(dt)
         lane.weights_bytes = weights
+        gpu = device.on_cuda  # on the host the overheads are the OS's: not counted
         if holds == "budget":
             asked = cfg.engine_args.get("max_model_len")
             lane.max_model_len = int(asked) if asked else limit
+            if not gpu and not asked and limit:  # vLLM-CPU's default (engines/vllm_setup)
+                lane.max_model_len = min(limit, CPU_MAX_MODEL_LEN)
             lane.kv_min_bytes = kv_token * (lane.max_model_len or max_tokens)
-            lane.overhead_bytes = BUDGET_OVERHEAD
+            lane.overhead_bytes = BUDGET_OVERHEAD if gpu else 0
         else:
             batch = 1 if cfg.spec_config is not None else max_batch
             lane.kv_min_bytes = kv_token * batch * max_tokens
-            lane.overhead_bytes = OWN_OVERHEAD if holds == "own" else 0
+            lane.overhead_bytes = OWN_OVERHEAD if holds == "own" and gpu else 0
         out.lanes.append(lane)
     _shares(out)
     return out
@@ -206,10 +209,11 @@ def _shares(out: MemoryPlan) -> None:
     shared_need = (
         sum(lane.weights_bytes for lane in shared)
         + max((lane.kv_min_bytes for lane in shared), default=0)
-        + (SHARED_OVERHEAD if shared else 0)
+        + (SHARED_OVERHEAD if shared and out.device.on_cuda else 0)
     )
     if not out.coexist:  # one lane at a time: the largest one
-        shared_one = [lane.weights_bytes + lane.kv_min_bytes + SHARED_OVERHEAD for lane in shared]
+        extra = SHARED_OVERHEAD if out.device.on_cuda else 0
+        shared_one = [lane.weights_bytes + lane.kv_min_bytes + extra for lane in shared]
         out.peak_bytes = max(
             [lane.need_bytes for lane in lanes if lane.holds != "shared"] + shared_one + [0]
         )
@@ -232,25 +236,26 @@ def _shares(out: MemoryPlan) -> None:
 def advice(out: MemoryPlan, sequential: MemoryPlan | None) -> str:
     """One line: what the plan needs, what the device has, and what to change."""
     usable = int(out.device.total_bytes * USABLE)
-    by_lane = ", ".join(f"{lane.lane} {gib(lane.need_bytes)}" for lane in out.lanes)
     head = (
-        f"memory: the plan needs {gib(out.peak_bytes)} with every lane alive at once "
+        f"memory: {len(out.lanes)} lanes alive at once need {gib(out.peak_bytes)}"
         if out.coexist
-        else f"memory: the largest lane needs {gib(out.peak_bytes)} "
+        else f"memory: the largest lane needs {gib(out.peak_bytes)}"
     )
     head += (
-        f"on {out.device.name} ({gib(usable)} usable of {gib(out.device.total_bytes)}; {by_lane})"
+        f"; {out.device.name} has {gib(usable)} usable ({USABLE} of {gib(out.device.total_bytes)};"
+        " --dry-run lists each lane)"
     )
     fixes = []
     if sequential is not None and sequential.fits:
         fixes.append(f"--sequential (one lane at a time: {gib(sequential.peak_bytes)})")
     if len(out.lanes) > 1:
-        fixes.append("fewer variants (--spec METHOD, or one --engine)")
-    longest = [lane for lane in out.lanes if lane.holds == "budget" and lane.max_model_len]
-    if longest:
-        n = min(lane.max_model_len or 0 for lane in longest)
+        fixes.append("fewer variants (--spec METHOD, one --engine)")
+    longest = [lane.max_model_len for lane in out.lanes if lane.holds == "budget"]
+    if any(longest):
+        n = min(n for n in longest if n)
         fixes.append(
-            f"a smaller max_model_len (--engine-args vllm='{{\"max_model_len\": {min(n // 4, 8192)}}}')"
+            "a smaller max_model_len (--engine-args "
+            f"vllm='{{\"max_model_len\": {max(1024, min(n // 4, 8192))}}}')"
         )
     fixes.append("a smaller --dtype or model")
     return head + "; change: " + ", or ".join(fixes)

@@ -137,4 +137,8 @@ def resolve_dtype(flag: str, config_dtype: str | None, on_cuda: bool) -> tuple[s
 
 
 def gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB"
+    """Bytes as GiB, or MiB / KiB below one GiB (the tiny models are a few MB)."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size or unit == "KiB":
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"

@@ -1,0 +1,117 @@
+"""The plan said before anything loads: one dtype resolved for every engine, the device, the
+preview of :mod:`harness.run.preview` printed (``--dry-run`` stops there), a plan that cannot fit
+the device stopped with one line, and the vLLM lanes' memory shares applied."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+
+from engines.base import EngineConfig, Request, engine_class
+from harness.cli.engine_args import describe
+from harness.cli.options import UsageError
+from harness.run.memory import Device, Sizes, detect_device
+from harness.run.model_size import ModelSize, gib, resolve_dtype
+from harness.run.plan import RunPlan
+from harness.run.preview import DoesNotFit, Preview, check_fit, preview, with_fractions
+
+NO_DEVICE = Device("none", "no local engine", 0)
+
+
+def local_engines(plan: RunPlan) -> bool:
+    """Whether an engine of the run holds a model on this machine (else no torch import)."""
+    return any(engine_class(e).capabilities.device_memory for e in plan.engines)
+
+
+def resolve_device_and_dtype(plan: RunPlan, sizes: Sizes) -> tuple[RunPlan, Device, str]:
+    """(plan with ``resolved_dtype``, the device, why that dtype): one dtype for every engine."""
+    if not local_engines(plan):
+        return plan, NO_DEVICE, "no local engine: each server's own"
+    device = detect_device(plan.device)
+    size = sizes.get(plan.model)
+    config_dtype = size.config_dtype if isinstance(size, ModelSize) else None
+    dtype, why = resolve_dtype(plan.dtype, config_dtype, device.on_cuda)
+    return replace(plan, resolved_dtype=dtype), device, why
+
+
+def plan_before_loading(
+    plan: RunPlan,
+    configs: Sequence[tuple[str, EngineConfig]],
+    requests: Sequence[Request],
+    device: Device,
+    dtype_why: str,
+    engine_methods: dict[str, tuple[str, ...]],
+    sizes: Sizes,
+    dry_run: bool,
+) -> tuple[Preview, list[tuple[str, EngineConfig]]]:
+    """The preview, said on stderr (all of it under ``dry_run``, else what will not run); a plan
+    that cannot fit stops here (UsageError, one line); the configs with their memory shares."""
+    view = preview(plan, configs, requests, device, dtype_why, engine_methods, sizes)
+    if dry_run:
+        print(render(view, plan), file=sys.stdout)
+    elif plan.progress:
+        for line in not_run_lines(view):
+            print(f"[harness] {line}", file=sys.stderr)
+    try:
+        check_fit(view)
+    except DoesNotFit as exc:
+        raise UsageError(str(exc)) from None
+    return view, with_fractions(configs, view)
+
+
+def not_run_lines(view: Preview) -> list[str]:
+    return [
+        f"not run: {n['engine']} {n['method']}: {n['why']}; add: {n['how']}" for n in view.not_run
+    ]
+
+
+def render(view: Preview, plan: RunPlan) -> str:
+    """The dry-run plan, plain text."""
+    d = view.device
+    mem = view.memory
+    lines = ["plan (dry run: nothing loaded)"]
+    if d.total_bytes:
+        lines.append(f"  device: {d.name} ({d.kind}), {gib(d.total_bytes)}")
+    lines.append(f"  dtype: {view.dtype} ({view.dtype_why})")
+    by_engine = plan.engine_args_by_engine
+    lines.append(f"  engine args: {describe(by_engine, plan.engine_args)}")
+    lines.append(
+        f"  design: {view.design}; engines built per block: {view.builds_per_block} "
+        f"({sum(view.builds_per_block)} in all)"
+    )
+    lines.append("  lanes:")
+    for lane in view.lanes:
+        if not lane["built"]:
+            lines.append(f"    {lane['lane']}: not built ({lane['status']})")
+            continue
+        m = lane.get("memory")
+        text = (
+            f"    {lane['lane']}: {lane['requests']} requests (+{lane['warmup_requests']} warm-up)"
+        )
+        if m:
+            own = f"weights {gib(m['weights_bytes'])}"
+            if m.get("shares_with"):
+                own += f" (the target: {m['shares_with']}'s, one object)"
+            text += f"; {own}, KV min {gib(m['kv_min_bytes'])}"
+            if m.get("max_model_len"):
+                text += f" (max_model_len {m['max_model_len']})"
+            if m.get("memory_fraction"):
+                text += (
+                    f"; gpu_memory_utilization {m['memory_fraction']} "
+                    f"({gib(m['budget_bytes'])}, KV {gib(m['kv_bytes'])})"
+                )
+            if m.get("unknown"):
+                text += f"; size unknown: {m['unknown']}"
+        lines.append(text)
+    lines.append(f"  requests: {view.requests} measured, {view.new_tokens} new tokens at most")
+    if view.estimate_s is not None:
+        lines.append(f"  estimate: ~{view.estimate_s} s ({view.estimate_why})")
+    else:
+        lines.append(f"  estimate: {view.estimate_why}")
+    if mem is not None and mem.lanes:
+        usable = gib(mem.device.total_bytes * 0.9)
+        verdict = "fits" if mem.fits else "DOES NOT FIT"
+        lines.append(f"  memory: peak {gib(mem.peak_bytes)} of {usable} usable: {verdict}")
+    lines += [f"  {line}" for line in not_run_lines(view)]
+    return "\n".join(lines)
