@@ -22,6 +22,7 @@ from typing import Any
 from engines.base import REGISTRY, EngineConfig, EngineError, engine_class
 from harness.cli.flags import build_parser
 from harness.cli.options import UsageError, positive_int
+from harness.cli.tune_variants import spec_config_for
 from harness.core.load import Concurrent
 from harness.core.results import Run
 from harness.run.lanes import close_lanes
@@ -91,6 +92,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str]) -> int:
     from harness.cli.pipeline import prepare
     from harness.cli.preflight import engine_methods
+    from harness.cli.tune_variants import tuned_methods
     from workloads import WorkloadError
 
     args = parser().parse_args(list(argv))
@@ -104,10 +106,10 @@ def main(argv: Sequence[str]) -> int:
             raise UsageError("tune: loads are concurrencies (--concurrency), not --request-rate")
         if not args.budget_min > 0:
             raise UsageError(f"tune: --budget-min: expected minutes > 0, got {args.budget_min}")
-        args.spec = args.spec or "all"
+        args.spec = args.spec or (None if args.spec_config else "all")  # a head: tune it alone
         prepared = prepare(args)  # the run pipeline's front: the dataset once, the plan, models
         plan, workload, out = prepared.plan, prepared.workload, prepared.out
-        methods = [m for m in plan.spec_methods if m in engine_methods(plan)[engines[0]]]
+        methods = tuned_methods(plan, engine_methods(plan)[engines[0]])  # with --spec-config's
         if not methods:
             raise UsageError(f"tune: no speculative method applies to {engines[0]}")
         ks = tuple(sorted(set(args.tune_k)))
@@ -122,10 +124,8 @@ def main(argv: Sequence[str]) -> int:
 
 
 def _spec_config(plan: RunPlan, method: str, k: int) -> dict[str, Any] | None:
-    """The speculative_config a normal run builds for (method, K): draft paths, n-gram sizes."""
-    one = replace(plan, spec_config=None, spec_methods=(method,), num_spec_tokens=(k,))
-    got = one.spec_configs((method,))
-    return dict(got[0][1]) if got else None
+    """The speculative_config a normal run builds for (method, K), --spec-config's included."""
+    return spec_config_for(plan, method, k)
 
 
 def _engine_config(plan: RunPlan, spec: Mapping[str, Any] | None) -> EngineConfig:

@@ -1,0 +1,36 @@
+"""``harness tune --spec-config``: a variant given as a config (a hub EAGLE-3 head) is tuned like
+a --spec method, its K replaced per arm and everything else kept as given."""
+
+from __future__ import annotations
+
+import json
+
+from harness.cli.plan_flags import build_plan, model_names
+from harness.cli.tune_command import _spec_config, parser
+from harness.cli.tune_variants import tuned_methods
+
+VLLM_METHODS = ("draft_model", "ngram", "eagle", "eagle3", "mtp", "suffix")
+
+
+def tune_plan(*argv: str):
+    args = parser().parse_args(["--engine", "vllm", "--workload", "tiny", *argv])
+    args.mode = "throughput"
+    args.spec = args.spec or (None if args.spec_config else "all")  # as tune's main does
+    return build_plan(args, *model_names(args))
+
+
+def test_a_head_given_by_spec_config_is_tuned_alone(tmp_path) -> None:
+    head = {"method": "eagle3", "model": str(tmp_path), "num_speculative_tokens": 4,
+            "draft_tensor_parallel_size": 1}  # fmt: skip
+    plan = tune_plan("--model", "tiny", "--spec-config", json.dumps(head))
+    assert tuned_methods(plan, VLLM_METHODS) == ["eagle3"]
+    for k in (1, 3):  # each arm: the head as given, its K replaced
+        assert _spec_config(plan, "eagle3", k) == {**head, "num_speculative_tokens": k}
+
+
+def test_spec_and_spec_config_tune_together(tiny_pair) -> None:
+    head = {"method": "eagle3", "model": tiny_pair[1], "num_speculative_tokens": 2}
+    plan = tune_plan("--model", "tiny", "--spec", "ngram", "--spec-config", json.dumps(head))
+    assert tuned_methods(plan, VLLM_METHODS) == ["ngram", "eagle3"]
+    assert _spec_config(plan, "ngram", 2)["method"] == "ngram"
+    assert tuned_methods(plan, ("ngram",)) == ["ngram"]  # an engine without the method: not tuned
