@@ -44,14 +44,16 @@ def plan_before_loading(
     engine_methods: dict[str, tuple[str, ...]],
     sizes: Sizes,
     dry_run: bool,
+    said: Sequence[str] = (),
 ) -> tuple[Preview, list[tuple[str, EngineConfig]]]:
     """The preview, said on stderr (all of it under ``dry_run``, else what will not run); a plan
     that cannot fit stops here (UsageError, one line); the configs with their memory shares."""
     view = preview(plan, configs, requests, device, dtype_why, engine_methods, sizes)
+    view.device_defaults = list(said)
     if dry_run:
         print(render(view, plan), file=sys.stdout)
     elif plan.progress:
-        for line in not_run_lines(view):
+        for line in [*said, *not_run_lines(view)]:
             print(f"[harness] {line}", file=sys.stderr)
     try:
         check_fit(view)
@@ -74,6 +76,7 @@ def render(view: Preview, plan: RunPlan) -> str:
     if d.total_bytes:
         lines.append(f"  device: {d.name} ({d.kind}), {gib(d.total_bytes)}")
     lines.append(f"  dtype: {view.dtype} ({view.dtype_why})")
+    lines += [f"  {line}" for line in view.device_defaults]
     by_engine = plan.engine_args_by_engine
     lines.append(f"  engine args: {describe(by_engine, plan.engine_args)}")
     lines.append(

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engines.base import EngineConfig, EngineError
+from harness.cli.device_defaults import follow_device
 from harness.cli.finalize import finalize
 from harness.cli.options import UsageError
 from harness.cli.pipeline import prepare, with_log
@@ -42,6 +43,7 @@ def run_main(args: argparse.Namespace) -> int:
     from workloads import WorkloadError
 
     try:
+        said = follow_device(args)  # CUDA: a realistic default set (CPU: nothing changes)
         prepared = prepare(args)
         plan, workload, out = prepared.plan, prepared.workload, prepared.out
         sizes = Sizes()  # each model's config.json read once (harness.run.memory)
@@ -56,7 +58,7 @@ def run_main(args: argparse.Namespace) -> int:
         validate_configs(plan, configs)
         view, configs = plan_before_loading(
             plan, configs, workload.requests, device, dtype_why, engine_methods(plan), sizes,
-            args.dry_run,
+            args.dry_run, said,
         )  # fmt: skip
     except (UsageError, PlanError, EngineError, WorkloadError) as exc:
         raise UsageError(str(exc)) from None

@@ -48,6 +48,7 @@ class Preview:
     estimate_why: str = ""
     memory: MemoryPlan | None = None
     not_run: list[dict[str, str]] = field(default_factory=list)
+    device_defaults: list[str] = field(default_factory=list)  # flags the device set (CUDA)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -63,6 +64,7 @@ class Preview:
             "estimate_s": self.estimate_s,
             "estimate_why": self.estimate_why,
             "memory": None if self.memory is None else self.memory.to_json(),
+            "device_defaults": self.device_defaults,
         }
 
 
