@@ -1,7 +1,7 @@
 """In-process vLLM engine: one ``LLMEngine`` driven request by request, streamed per id.
 
-Design: ``LLM`` is built with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` so the engine core runs in
-this process (no busy engine process fighting for the CPU). The process's one stepping thread
+Design: on CPU the engine core runs in this process, on CUDA each engine's in its own process
+(``VLLM_ENABLE_V1_MULTIPROCESSING``: engines/vllm_process.py). The process's one stepping thread
 (engines/vllm_stepper.py: shared, so no lane owns a thread's CPU placement) builds the engine,
 adds and aborts requests, calls ``step()`` while requests are unfinished and stamps each step's
 outputs (DELTA) right after it returns, with the clock the runner passed to :meth:`stream`. The
@@ -40,6 +40,7 @@ from engines.handover import DELIVERY_S, Pending
 from engines.local_model import has_chat_template, prompt_ids
 from engines.vllm_messages import Abort, Add, Call, Command, Step, Stop
 from engines.vllm_metrics import StatsTap
+from engines.vllm_process import ENV, core_mode, engine_process_default
 from engines.vllm_setup import (
     build_llm,
     free_dist_state,
@@ -54,9 +55,8 @@ from engines.vllm_setup import (
 from engines.vllm_stepper import STEPPER, Open
 from engines.vllm_threads import StepThreads
 
-# Must be set before vLLM is imported: the engine core then runs in this process.
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-# vLLM logs to stdout by default; the harness's stdout is the markdown summary.
+# Before vLLM is imported: where the engine core runs (engines/vllm_process.py); vLLM's log goes
+os.environ.setdefault(ENV, engine_process_default())  # to stderr (stdout: the summary)
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 SHARED = "one stepping thread shared by this process's in-process vLLM engines"
@@ -128,7 +128,7 @@ class VLLMEngine(Engine):
             "engine": self.name,
             "vllm_version": vllm.__version__,
             "platform": str(current_platform.device_type),
-            "mode": f"in-process LLMEngine (V1), {SHARED}, DELTA outputs",
+            "mode": f"{core_mode()}, {SHARED}, DELTA outputs",
             "stepping_thread": self.stepper_native_id,
             "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING"),
             "defaults_chosen": {"stepping": SHARED, **self._defaults},
