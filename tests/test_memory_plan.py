@@ -178,3 +178,11 @@ def test_dry_run_lists_what_spec_would_run_but_cannot(tiny_pair, capsys) -> None
     assert rc == 0
     assert "not run: vllm draft_model: no draft model" in out and "--draft-model" in out
     assert "not run: vllm eagle3: no EAGLE-3 head" in out and '"method": "eagle3"' in out
+
+
+def test_a_hub_id_offline_is_said_before_anything_loads(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    rc, out, _ = dry(capsys, "--engine", "hf", "--model", "no-such-org/no-such-model-26")
+    assert rc == 0
+    assert "model no-such-org/no-such-model-26: downloads; not in the HF cache" in out
+    assert "memory: not checked, a size is unknown" in out  # never "fits" on a guess

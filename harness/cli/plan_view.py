@@ -53,13 +53,22 @@ def plan_before_loading(
     if dry_run:
         print(render(view, plan), file=sys.stdout)
     elif plan.progress:
-        for line in [*said, *not_run_lines(view)]:
+        for line in [*said, *download_lines(view), *not_run_lines(view)]:
             print(f"[harness] {line}", file=sys.stderr)
     try:
         check_fit(view)
     except DoesNotFit as exc:
         raise UsageError(str(exc)) from None
     return view, with_fractions(configs, view)
+
+
+def download_lines(view: Preview) -> list[str]:
+    out = []
+    for d in view.downloads:
+        size = d["download_bytes"]
+        what = "cached" if d["cached"] else (f"downloads {gib(size)}" if size else "downloads")
+        out.append(f"model {d['model']}: {what}; {d['note']}")
+    return out
 
 
 def not_run_lines(view: Preview) -> list[str]:
@@ -105,16 +114,19 @@ def render(view: Preview, plan: RunPlan) -> str:
                     f"({gib(m['budget_bytes'])}, KV {gib(m['kv_bytes'])})"
                 )
             if m.get("unknown"):
-                text += f"; size unknown: {m['unknown']}"
+                text += "; size unknown"
         lines.append(text)
     lines.append(f"  requests: {view.requests} measured, {view.new_tokens} new tokens at most")
     if view.estimate_s is not None:
         lines.append(f"  estimate: ~{view.estimate_s} s ({view.estimate_why})")
     else:
         lines.append(f"  estimate: {view.estimate_why}")
-    if mem is not None and mem.lanes:
+    unknown = sorted({m.unknown for m in mem.lanes if m.unknown}) if mem is not None else []
+    if unknown:
+        lines.append(f"  memory: not checked, a size is unknown: {'; '.join(unknown)}")
+    elif mem is not None and mem.lanes:
         usable = gib(mem.device.total_bytes * 0.9)
         verdict = "fits" if mem.fits else "DOES NOT FIT"
         lines.append(f"  memory: peak {gib(mem.peak_bytes)} of {usable} usable: {verdict}")
-    lines += [f"  {line}" for line in not_run_lines(view)]
+    lines += [f"  {line}" for line in [*download_lines(view), *not_run_lines(view)]]
     return "\n".join(lines)

@@ -63,7 +63,12 @@ def read_config(name: str) -> dict[str, Any]:
         except Exception:  # noqa: BLE001 - not cached: fetch the config alone
             got = hf_hub_download(name, "config.json")
     except Exception as exc:  # noqa: BLE001 - offline, gated without HF_TOKEN, no such repo
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        text = str(exc)
+        first = type(exc).__name__ if not text else text.splitlines()[0][:100]
+        if "local cache" in text or "offline" in text.lower():
+            first = "offline and not in the HF cache"
+        elif "401" in text or "403" in text or "gated" in text.lower():
+            first = "gated: set HF_TOKEN to a token with access"
         raise ConfigUnavailable(f"{name}: config.json not readable ({first})") from None
     return json.loads(Path(got).read_text(encoding="utf-8"))
 

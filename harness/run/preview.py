@@ -12,8 +12,9 @@ from typing import Any
 
 from engines.base import EngineConfig, Request, engine_class, speculative_config
 from harness.core.design import ONE, PER_BLOCK
+from harness.run.hub import hub_status, is_hub_id
 from harness.run.lanes import Lane, unsupported_method
-from harness.run.memory import Device, MemoryPlan, Sizes, advice, plan_memory
+from harness.run.memory import Device, MemoryPlan, Sizes, advice, companion, plan_memory
 from harness.run.plan import EAGLE, RunPlan
 
 # nominal memory bandwidth (bytes/s) by device name: the batch-1 decode bound of the estimate
@@ -49,6 +50,7 @@ class Preview:
     memory: MemoryPlan | None = None
     not_run: list[dict[str, str]] = field(default_factory=list)
     device_defaults: list[str] = field(default_factory=list)  # flags the device set (CUDA)
+    downloads: list[dict[str, Any]] = field(default_factory=list)  # hub models (harness.run.hub)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,6 +67,7 @@ class Preview:
             "estimate_why": self.estimate_why,
             "memory": None if self.memory is None else self.memory.to_json(),
             "device_defaults": self.device_defaults,
+            "downloads": self.downloads,
         }
 
 
@@ -155,6 +158,8 @@ def preview(
         )  # fmt: skip
         memory.advice = advice(memory, alone if coexist else None)
     out.memory = memory
+    names = [n for lane in built for n in (lane.config.model, companion(lane.config))]
+    out.downloads = [hub_status(n) for n in dict.fromkeys(names) if n and is_hub_id(n)]
     for entry in out.lanes:
         mine = next((m for m in memory.lanes if m.lane == entry["lane"]), None)
         if mine is not None:
