@@ -101,7 +101,7 @@ def test_8b_interleaved_on_80gb_stops_in_one_line(gpu_models, on_gpu, capsys) ->
     rc, out, err = dry(capsys, *run_args(gpu_models))
     lines = err.strip().splitlines()
     assert rc == 2 and len(lines) == 1, err
-    assert "memory: the plan needs" in lines[0] and "--sequential" in lines[0]
+    assert "lanes alive at once need" in lines[0] and "--sequential" in lines[0]
     assert "Traceback" not in err
     assert "DOES NOT FIT" in out  # the dry run printed its plan before it stopped
 
