@@ -197,7 +197,7 @@ async def check(device: str, sizes: dict[str, dict[str, int]], n_prompts: int, t
         "dtype": dtype_name, "sizes": sizes, "n_params_read": n_params, "bytes_per_param": nbytes,
         "bandwidth_bytes_s": bw, "bound_tok_s": speed_of_light(n_params, nbytes, bw),
         "step_costs": costs, "sides": sides, "spec": alphas, "prompts": n_prompts,
-        "tokens": tokens, "rounds": len(sides["plain"]),
+        "tokens": tokens, "rounds": len(sides["plain"]), "target": target, "draft": draft,
         "seconds": time.perf_counter() - t_start,
     }  # fmt: skip
 
@@ -266,9 +266,15 @@ def main(argv: list[str] | None = None) -> None:
     else:
         n, tokens, rounds = 4, 128, 3
     d = asyncio.run(check(device, SIZES[device], n, tokens, rounds, Path(args.workdir)))
+    from bench.gpu_harness import harness_lanes
+    from bench.gpu_harness import markdown as harness_markdown
+
+    d["harness"] = harness_lanes(
+        device, d["target"], d["draft"], tokens, Path(args.workdir) / "run"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(d, indent=1))
-    sys.stdout.write(markdown(d))
+    sys.stdout.write(markdown(d) + "\n".join(harness_markdown(d["harness"])) + "\n")
 
 
 if __name__ == "__main__":
