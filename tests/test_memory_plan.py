@@ -186,3 +186,17 @@ def test_a_hub_id_offline_is_said_before_anything_loads(monkeypatch, capsys) -> 
     assert rc == 0
     assert "model no-such-org/no-such-model-26: downloads; not in the HF cache" in out
     assert "memory: not checked, a size is unknown" in out  # never "fits" on a guess
+
+
+def test_a_known_device_gets_a_wall_time_estimate(gpu_models, monkeypatch) -> None:
+    h100 = Device("cuda", "NVIDIA H100 80GB HBM3", 80 * 10**9)
+    monkeypatch.setattr("harness.cli.plan_view.detect_device", lambda flag="auto": h100)
+    argv = ("--engine", "vllm", "--model", gpu_models["target"], "--mode", "latency",
+            "--max-new-tokens", "100", "--repeats", "1", "--engine-args", '{"max_model_len": 4096}')  # fmt: skip
+    p = plan_json(gpu_models, *argv)
+    tokens = p["requests"] * 100
+    bound = tokens * model_size("t", LLAMA_8B).weight_bytes("bfloat16") / 3.35e12
+    assert p["estimate_s"] == round(60 + bound)  # one build (assumed 60 s) + decode at the bound
+    assert "H100" in p["estimate_why"]
+    monkeypatch.setattr("harness.cli.plan_view.detect_device", lambda flag="auto": GPU_80GB)
+    assert plan_json(gpu_models, *argv)["estimate_s"] is None  # an unknown card: none, said

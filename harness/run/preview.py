@@ -15,7 +15,8 @@ from harness.core.design import ONE, PER_BLOCK
 from harness.run.hub import hub_status, is_hub_id
 from harness.run.lanes import Lane, unsupported_method
 from harness.run.memory import Device, MemoryPlan, Sizes, advice, companion, plan_memory
-from harness.run.plan import EAGLE, RunPlan
+from harness.run.model_size import ModelSize
+from harness.run.plan import EAGLE, Point, RunPlan
 
 # nominal memory bandwidth (bytes/s) by device name: the batch-1 decode bound of the estimate
 BANDWIDTH = {
@@ -121,8 +122,6 @@ def preview(
     longest_prompt = max((_prompt_tokens(r) for r in requests), default=0)
     max_new = max(plan.max_new_tokens, default=0)
     batch = max([p.strategy.max_concurrency or 1 for p in points if p.mode == "throughput"] + [1])
-    seconds = 0.0
-    bandwidth = next((v for k, v in BANDWIDTH.items() if k in device.name), None)
     for lane in lanes:
         entry: dict[str, Any] = {
             "lane": lane.name,
@@ -164,22 +163,41 @@ def preview(
         mine = next((m for m in memory.lanes if m.lane == entry["lane"]), None)
         if mine is not None:
             entry["memory"] = mine.to_json()
-    builds = sum(out.builds_per_block)
+    _estimate(out, plan, built, requests, points, blocks, sizes or Sizes())
+    return out
+
+
+def _estimate(
+    out: Preview,
+    plan: RunPlan,
+    built: Sequence[Lane],
+    requests: Sequence[Request],
+    points: Sequence[Point],
+    blocks: int,
+    sizes: Sizes,
+) -> None:
+    """Assumed build times plus every new token at the weight-read bound of the target (batch 1
+    in latency mode, shared by the requests in flight in throughput mode): the order of the wall
+    time, not a promise (engines reach a fraction of the bound; speculation can pass it)."""
+    device = out.device
+    bandwidth = next((v for k, v in BANDWIDTH.items() if k in device.name), None)
+    target = sizes.get(plan.model)
+    if not (bandwidth and device.on_cuda and isinstance(target, ModelSize)):
+        out.estimate_why = "no estimate on this device (see docs/gpu.md for measured main jobs)"
+        return
     holds = [engine_class(lane.config.engine).capabilities.device_memory for lane in built]
     seconds = sum(BUILD_S[h] for h in holds) * blocks
-    weights = {m.lane: m.weights_bytes for m in memory.lanes}
-    if bandwidth and device.on_cuda and weights:
-        per_token = max(weights.values()) / bandwidth  # the batch-1 bound of the largest lane
-        tokens = out.new_tokens
-        seconds += tokens * per_token / max(1, batch // 2)
-        out.estimate_s = round(seconds)
-        out.estimate_why = (
-            f"lower bound: {builds} engine builds at the assumed {BUILD_S} s each, decode at the "
-            f"batch-1 weight-read bound ({device.name} ~{bandwidth / 1e12:.2f} TB/s nominal)"
-        )
-    else:
-        out.estimate_why = "no estimate on this device (see docs/gpu.md for measured main jobs)"
-    return out
+    per_token = target.weight_bytes(out.dtype) / bandwidth
+    for p in points:
+        n = len(plan.point_requests(p, requests)) * plan.repeats * len(built)
+        in_flight = 1 if p.mode == "latency" else (p.strategy.max_concurrency or 1)
+        seconds += n * p.max_new_tokens * per_token / in_flight
+    out.estimate_s = round(seconds)
+    out.estimate_why = (
+        f"{sum(out.builds_per_block)} engine builds at the assumed {BUILD_S} s each, every token "
+        f"at the target's weight-read bound ({device.name}: ~{bandwidth / 1e12:.2f} TB/s "
+        "nominal); real engines reach a fraction of it"
+    )
 
 
 def check_fit(p: Preview) -> None:
