@@ -200,3 +200,21 @@ def test_a_known_device_gets_a_wall_time_estimate(gpu_models, monkeypatch) -> No
     assert "H100" in p["estimate_why"]
     monkeypatch.setattr("harness.cli.plan_view.detect_device", lambda flag="auto": GPU_80GB)
     assert plan_json(gpu_models, *argv)["estimate_s"] is None  # an unknown card: none, said
+
+
+def test_a_run_records_its_plan_and_the_variants_not_run(tmp_path, tiny_pair, capsys) -> None:
+    out = tmp_path / "run"
+    argv = ["--engine", "hf", "--model", "tiny", "--spec", "--workload", "tiny",
+            "--num-prompts", "2", "--mode", "latency", "--max-new-tokens", "6", "--repeats", "1",
+            "--warmup", "0", "--quiet", "--no-plots", "--output-dir", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    capsys.readouterr()
+    results = json.loads((out / "results.json").read_text())
+    plan = results["plan"]
+    assert plan["dtype"] == "float32" and results["config"]["resolved_dtype"] == "float32"
+    assert {lane["lane"] for lane in plan["lanes"]} == {"hf/baseline", "hf/draft_model", "hf/ngram"}
+    assert all(lane["memory"]["weights_bytes"] >= 0 for lane in plan["lanes"])
+    skipped = [n for n in results["not_run"] if n["status"].startswith("not run")]
+    assert [n["name"] for n in skipped] == ["hf/eagle3"]
+    assert "hf has no eagle3" in skipped[0]["status"] and "vllm" in skipped[0]["how"]
+    assert "## Variants not run" in (out / "summary.md").read_text()

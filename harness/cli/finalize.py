@@ -65,12 +65,14 @@ def finalize(
     design: dict[str, Any] | None = None,
     session: str | None = None,
     extra: dict[str, Any] | None = None,
+    skipped: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Derive every number once (:func:`harness.analysis.derived.analyze`), write results.json
     (atomically), then the views from it alone (:func:`harness.report.views.write_views`).
     Every run is marked with ``session`` (a new one if None): all ran in one interleaved
     schedule, which ``compare`` pairs within.
-    ``extra``: keys recorded as they are (the plan said before loading)."""
+    ``extra``: keys recorded as they are (the plan said before loading); ``skipped``: variants
+    that never ran, appended to ``not_run`` (harness.run.preview.not_run_records)."""
     from harness.analysis.derived import analyze, run_summaries
     from harness.report.views import write_views
 
@@ -116,6 +118,7 @@ def finalize(
         from harness.analysis.capacity import capacity_analysis
 
         results["capacity"] = capacity_analysis(runs, plan.slo, plan.slo_quantile, plan.min_effect)
+    results["not_run"] = [*results.get("not_run", []), *(skipped or [])]
     atomic_write(out / "results.json", json.dumps(results, indent=1))
     write_views(results, out, plots=plan.plots, write=atomic_write)
     return results

@@ -30,6 +30,7 @@ from harness.core.results import Run
 from harness.run.journal import Journal, new_session_id, recorded_session, runs_from_journal
 from harness.run.memory import Sizes
 from harness.run.plan import PlanError, RunPlan
+from harness.run.preview import not_run_records
 from harness.run.runner import settle
 
 if TYPE_CHECKING:
@@ -64,7 +65,9 @@ def run_main(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if args.dry_run:
         return 0
-    return asyncio.run(_execute(plan, configs, workload, out, view.to_json(), view.not_run))
+    return asyncio.run(
+        _execute(plan, configs, workload, out, view.to_json(), not_run_records(view))
+    )
 
 
 async def _execute(
@@ -161,7 +164,7 @@ async def _execute(
         design["stopping"] = session.stopper.record()
     results = finalize(
         out, plan, workload, runs, status, design=design, session=session_id,
-        extra={"plan": preview, "not_run": not_run or []},
+        extra={"plan": preview}, skipped=not_run,
     )  # fmt: skip
     if plan.save_vllm_json:
         from harness.report.vllm_json import export_dir

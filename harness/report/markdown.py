@@ -198,6 +198,10 @@ def render(results: Mapping[str, Any]) -> str:
         for n in not_run:
             if n["point"] == point and n["repeat"] is not None:
                 lines.append(f"\n- {n['name']} repeat {n['repeat']}: {n['status']}")
+    variants = [n for n in not_run if str(n["status"]).startswith("not run")]
+    if variants:  # asked for by --spec, never built (harness.run.preview.not_run_records)
+        lines += ["", "## Variants not run", ""]
+        lines += [f"- {n['name']}: {n['status']}; add: {n.get('how')}" for n in variants]
     if results.get("rows"):
         lines += ["", COMPACT_NOTE]
     lines += ["", *head_lines(results)]

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engines.base import EngineConfig, Request, engine_class, speculative_config
+from engines.base import REGISTRY, EngineConfig, Request, engine_class, speculative_config
 from harness.core.design import ONE, PER_BLOCK
 from harness.run.hub import hub_status, is_hub_id
 from harness.run.lanes import Lane, unsupported_method
@@ -80,11 +80,10 @@ def not_run(plan: RunPlan, engine_methods: Mapping[str, Sequence[str]]) -> list[
         has = engine_methods.get(engine, ())
         for method in plan.spec_methods:
             if method not in has and not (method in EAGLE and plan.eagle3_model):
+                others = [e for e in REGISTRY if method in engine_class(e).spec_methods]
                 out.append({
                     "engine": engine, "method": method, "why": f"{engine} has no {method}",
-                    "how": f"--engine with {method} (e.g. " + ", ".join(
-                        e for e in engine_methods if method in engine_methods[e]
-                    ) + ")",
+                    "how": f"--engine with {method} ({', '.join(others) or 'none has it'})",
                 })  # fmt: skip
                 continue
             k = plan.num_spec_tokens[0] if plan.num_spec_tokens else 1
@@ -198,6 +197,23 @@ def _estimate(
         f"at the target's weight-read bound ({device.name}: ~{bandwidth / 1e12:.2f} TB/s "
         "nominal); real engines reach a fraction of it"
     )
+
+
+def not_run_records(view: Preview) -> list[dict[str, Any]]:
+    """The variants that never ran, in the shape of results.json ``not_run`` (whose other
+    entries are cells that did not run): no point, a ``not run:`` status and ``how``."""
+    return [
+        {
+            "name": f"{n['engine']}/{n['method']}",
+            "point": None,
+            "mode": None,
+            "load": None,
+            "repeat": None,
+            "status": f"not run: {n['why']}",
+            "how": n["how"],
+        }  # fmt: skip
+        for n in view.not_run
+    ]
 
 
 def check_fit(p: Preview) -> None:
