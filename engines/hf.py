@@ -51,6 +51,7 @@ class HFEngine(Engine):
     capabilities: ClassVar[Capabilities] = Capabilities(
         coexist=True, static_batching=True, rebuild_per_block=True, device_memory="shared"
     )
+    engine_arg_names = classmethod(lambda cls: FROM_PRETRAINED)  # what from_pretrained gets
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -88,8 +89,6 @@ class HFEngine(Engine):
         for what, name in paths:
             if missing_path(name):
                 raise EngineError(f"hf engine: {what} path not found: {name}")
-
-    engine_arg_names = classmethod(lambda cls: FROM_PRETRAINED)  # hf_models.FROM_PRETRAINED
 
     @staticmethod
     def _draft_name(config: EngineConfig) -> str | None:

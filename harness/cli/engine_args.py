@@ -11,6 +11,18 @@ from typing import Any
 from engines.base import REGISTRY, engine_class
 from harness.cli.options import UsageError, json_arg, kv_args
 
+DTYPES = ["auto", "float32", "bfloat16", "float16"]
+DTYPE_HELP = (
+    "weights dtype, one for every engine (auto: float32 on CPU; on CUDA the model's config.json "
+    "torch_dtype, bfloat16 if it says float32); a second dtype for one engine: "
+    "--engine-args ENGINE='{\"dtype\": ...}'"
+)
+ARGS_HELP = (
+    "JSON object passed to the engines that take its keys (vLLM EngineArgs, e.g. "
+    "'{\"tensor_parallel_size\": 2}'); ENGINE=JSON for one engine only, e.g. "
+    'vllm=\'{"max_model_len": 8192}\' hf=\'{"attn_implementation": "sdpa"}\' (repeatable)'
+)
+
 
 def split_values(
     values: Sequence[str] | str | None,

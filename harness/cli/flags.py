@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from harness.cli import capacity_flags, stop_flags, vllm_flags, workload_flags
+from harness.cli.engine_args import ARGS_HELP, DTYPE_HELP, DTYPES
 from harness.cli.options import Given, Parser, non_negative_int, positive_float, positive_int
 from harness.cli.plan_flags import DEFAULT_CONCURRENCY, DEFAULT_MAX_NEW_TOKENS
 
@@ -68,24 +69,9 @@ def _engines(p: argparse.ArgumentParser) -> None:
         help="HF id or local path of the draft model (default: the shipped draft of a shipped --model)",
     )
     g.add_argument("--tokenizer", default=None, help="tokenizer id or path (default: the model's)")
-    g.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        help="weights dtype, one for every engine (auto: float32 on CPU; on CUDA the model's "
-        "config.json torch_dtype, bfloat16 if it says float32); a second dtype for one engine: "
-        "--engine-args ENGINE='{\"dtype\": ...}'",
-    )
+    g.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
     g.add_argument("--device", default="auto", help="hf engine device: auto, cpu, cuda, cuda:N")
-    g.add_argument(
-        "--engine-args",
-        action="append",
-        default=None,
-        metavar="[ENGINE=]JSON",
-        help="JSON object passed to the engines that take its keys (vLLM EngineArgs, e.g. "
-        "'{\"tensor_parallel_size\": 2}'); ENGINE=JSON for one engine only, e.g. "
-        'vllm=\'{"max_model_len": 8192}\' hf=\'{"attn_implementation": "sdpa"}\' (repeatable)',
-    )
+    g.add_argument("--engine-args", action="append", metavar="[ENGINE=]JSON", help=ARGS_HELP)
     g.add_argument(
         "--engine-arg",
         action="append",
