@@ -34,3 +34,29 @@ def test_spec_and_spec_config_tune_together(tiny_pair) -> None:
     assert tuned_methods(plan, VLLM_METHODS) == ["ngram", "eagle3"]
     assert _spec_config(plan, "ngram", 2)["method"] == "ngram"
     assert tuned_methods(plan, ("ngram",)) == ["ngram"]  # an engine without the method: not tuned
+
+
+def test_tune_engines_share_a_modelled_gpu_or_stop_in_one_line(tmp_path, monkeypatch) -> None:
+    import pytest
+
+    from engines.base import EngineConfig
+    from harness.cli.options import UsageError
+    from harness.cli.plan_view import tune_fraction
+    from harness.run.memory import Device
+    from tests.test_memory_plan import LLAMA_8B
+
+    gpu = Device("cuda", "modelled 80 GB GPU", 80 * 10**9)
+    monkeypatch.setattr("harness.cli.plan_view.detect_device", lambda flag="auto": gpu)
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_8B))
+    plan = tune_plan("--model", str(tmp_path), "--spec", "ngram")
+    short = {"max_model_len": 8192}
+    configs = [EngineConfig("vllm", str(tmp_path), engine_args=short),
+               EngineConfig("vllm", str(tmp_path), engine_args=short,
+                            spec_config={"method": "ngram", "num_speculative_tokens": 3})]  # fmt: skip
+    f = tune_fraction(plan, configs, alive=3)
+    assert f is not None and 3 * f <= 0.9
+    need = 2 * 8.03e9 + 8192 * 128 * 1024 + 2 * 2**30  # weights, one 8192-token request, overhead
+    assert f * gpu.total_bytes >= need
+    full = [EngineConfig("vllm", str(tmp_path))]  # 131072 tokens of KV each: 8 cannot fit
+    with pytest.raises(UsageError, match="tune: 8 engines alive at once need"):
+        tune_fraction(plan, full, alive=8)

@@ -11,7 +11,7 @@ from dataclasses import replace
 from engines.base import EngineConfig, Request, engine_class
 from harness.cli.engine_args import describe
 from harness.cli.options import UsageError
-from harness.run.memory import Device, Sizes, detect_device
+from harness.run.memory import Device, Sizes, detect_device, plan_memory
 from harness.run.model_size import ModelSize, gib, resolve_dtype
 from harness.run.plan import RunPlan
 from harness.run.preview import DoesNotFit, Preview, check_fit, preview, with_fractions
@@ -130,3 +130,27 @@ def render(view: Preview, plan: RunPlan) -> str:
         lines.append(f"  memory: peak {gib(mem.peak_bytes)} of {usable} usable: {verdict}")
     lines += [f"  {line}" for line in [*download_lines(view), *not_run_lines(view)]]
     return "\n".join(lines)
+
+
+def tune_fraction(plan: RunPlan, configs: Sequence[EngineConfig], alive: int) -> float | None:
+    """The device share each of tune's engines gets when ``alive`` of them live at once (each
+    sized as the largest arm), None on the host; a tune that cannot fit the device stops here
+    in one line (UsageError) before any engine starts."""
+    sizes = Sizes()
+    plan, device, _ = resolve_device_and_dtype(plan, sizes)
+    if not device.on_cuda or not configs:
+        return None
+    dtype = plan.resolved_dtype or plan.dtype
+    one = plan_memory([("x", c) for c in configs], device, dtype, False, 1, 1024, sizes)
+    largest = configs[max(range(len(configs)), key=lambda i: one.lanes[i].need_bytes)]
+    lanes = [(f"engine {i + 1}", largest) for i in range(alive)]
+    mem = plan_memory(lanes, device, dtype, True, max(plan.concurrency or (1,)), 1024, sizes)
+    if not mem.fits:
+        raise UsageError(
+            f"tune: {alive} engines alive at once need {gib(mem.peak_bytes)}; {device.name} has "
+            f"{gib(device.total_bytes * 0.9)} usable; change: fewer --tune-k values or methods "
+            "(--spec METHOD), or a smaller max_model_len (--engine-args "
+            "vllm='{\"max_model_len\": 8192}')"
+        )
+    fractions = [m.memory_fraction for m in mem.lanes if m.memory_fraction]
+    return min(fractions) if fractions else None

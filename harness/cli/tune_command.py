@@ -150,6 +150,7 @@ class Bench:
         self.plan, self.out, self.requests = plan, out, list(requests)
         self.session = Session(plan, requests, journal=None, progress=not quiet)
         self.share = share  # engines alive at once, at most (a GPU's memory is split by it)
+        self.fraction: float | None = None  # each engine's device share (plan_view.tune_fraction)
         self.lanes: dict[Arm, Any] = {}
         self.configs: dict[Arm, dict[str, Any] | None] = {BASELINE: None}
         self.warm: set[Arm] = set()  # --warmup requests once per engine, not per load
@@ -168,6 +169,8 @@ class Bench:
             if arm not in self.configs:
                 self.add(arm, _spec_config(self.plan, str(arm.method), arm.k))
             config = with_log(arm.label, _engine_config(self.plan, self.configs[arm]), self.out)
+            if self.fraction is not None:
+                config = replace(config, memory_fraction=self.fraction)
             lane = Lane(arm.label, config).with_share(self.share)
             before, t = len(self.session.runs), time.monotonic()
             await self.session.start_lane(lane)
@@ -227,6 +230,7 @@ def _sample(run: Run) -> Sample | None:
 
 async def _run(args, plan: RunPlan, workload, out: Path, methods, settings: Settings) -> int:
     from harness.cli.finalize import finalize
+    from harness.cli.plan_view import tune_fraction
 
     out.mkdir(parents=True, exist_ok=True)
     requests = workload.requests
@@ -248,6 +252,8 @@ async def _run(args, plan: RunPlan, workload, out: Path, methods, settings: Sett
     )  # fmt: skip
     plan_lines.append(worst.line(loads, methods, budget.budget_s, args.verify_rounds))
     bench = Bench(plan, requests, out, args.quiet, worst.engines, budget)
+    arms = [_engine_config(plan, _spec_config(plan, m, max(ks))) for m, ks in methods.items()]
+    bench.fraction = tune_fraction(plan, [_engine_config(plan, None), *arms], worst.engines)
     note: list[str] = []
     try:
         if sweep:
