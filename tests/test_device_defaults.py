@@ -66,3 +66,12 @@ def test_the_dry_run_says_the_cuda_defaults(monkeypatch, tiny_pair, capsys) -> N
     out = capsys.readouterr().out
     assert "CUDA default: --max-new-tokens 256" in out and "design: interleaved" in out
     assert "engines built per block: [1]" in out  # one instance for the whole run
+
+
+def test_the_summary_states_the_cuda_defaults_and_the_instance_caveat() -> None:
+    from harness.report.markdown import render
+
+    said = ["CUDA default: --instances one (one instance per variant ...: not inside the CI)"]
+    text = render({"status": "complete", "runs": [], "rows": [], "plan": {"device_defaults": said}})
+    assert "## Defaults the device chose" in text and "not inside the CI" in text
+    assert "Defaults the device chose" not in render({"status": "complete", "runs": [], "rows": []})

@@ -202,6 +202,9 @@ def render(results: Mapping[str, Any]) -> str:
     if variants:  # asked for by --spec, never built (harness.run.preview.not_run_records)
         lines += ["", "## Variants not run", ""]
         lines += [f"- {n['name']}: {n['status']}; add: {n.get('how')}" for n in variants]
+    chosen = (results.get("plan") or {}).get("device_defaults") or []
+    if chosen:  # CUDA's defaults, the instance policy's caveat among them (cli/device_defaults)
+        lines += ["", "## Defaults the device chose", "", *[f"- {line}" for line in chosen]]
     if results.get("rows"):
         lines += ["", COMPACT_NOTE]
     lines += ["", *head_lines(results)]
