@@ -206,7 +206,7 @@ def _plan(results: Mapping[str, Any]) -> str:
         out.append(
             "<h3>Not run</h3><ul>"
             + "".join(
-                f"<li>{escape(n['name'])}, {escape(n['point'])}: {escape(str(n['status']))}</li>"
+                f"<li>{escape(n['name'])}, {escape(n['point'] or 'no point: ' + str(n.get('how')))}: {escape(str(n['status']))}</li>"
                 for n in not_run
             )
             + "</ul>"
