@@ -2,8 +2,8 @@
 
 An in-process engine makes one token for each of many requests per step, on a thread other than
 the event loop's (vLLM's: the process's one stepping thread, engines/vllm_stepper.py). One
-Python object and one event-loop wake-up per token cost ~10 us of interpreter time per token
-(bench/RESULTS.md, section 5): at GPU rates (20,000+ tokens/s) that is a fifth of a core,
+Python object and one event-loop wake-up per token cost microseconds of interpreter time per
+token (bench/RESULTS.md, section 5): at GPU rates (20,000+ tokens/s) a large share of a core,
 taking the GIL from the engine's own loop. So the engine hands a step over as one object (its
 outputs and one clock reading), the event loop files each output into its request's
 :class:`Pending`, and a request's stream wakes at most every ``DELIVERY_S`` (at once when it

@@ -2,9 +2,8 @@
 
 Why: glibc keeps freed memory in its arenas. An in-process engine allocates its weights as many
 chunks of a few MB (under glibc's dynamic mmap threshold, up to 32 MiB, once the first large
-chunk was freed), so after its close most of it stays mapped: with SmolLM2 and four vLLM
-engines a block's close left ~3.2 GB resident, of which ``malloc_trim(0)`` returned ~2.2 GB
-(/tmp/memgrow measurement, 2026-11-30). Trimmed after every block, the process's RSS between
+chunk was freed), so after its close most of it stays mapped, and ``malloc_trim(0)`` returns
+most of it (docs/measurements.md). Trimmed after every block, the process's RSS between
 blocks measures the memory still in use, so ``design.rss_after_block_mb`` shows a leak instead
 of allocator slack, and the other processes of the machine get the memory back. Elsewhere
 (musl, macOS) it is a no-op that says so.

@@ -2,12 +2,9 @@
 a process.
 
 Why one thread for the process's life, not one per request: a thread's first forwards on CUDA
-are slow. Measured on an H200 (torch 2.11+cu130, an OPT-125m-shaped fp16 model, 32 greedy
-tokens, 2026-11-30 21:50 UTC, ``.gpu/probe2.py``): ``generate`` in the main thread 5.8-7.8 ms per
-token; the first ``generate`` in a new thread 42-71 ms per token, all of it CPU time of that
-thread; its second ``generate`` in the same thread 6.1-9.2 ms. With a thread per request every
-request was a first one: the harness read 25 tok/s where plain ``generate`` ran at 126 tok/s on
-OPT-1.3b (``python -m bench.gpu_check``). One thread shared by every engine also spares each
+are several times slower than its later ones (CPU time of that thread), so with a thread per
+request every request was a first one and the harness read a fraction of plain ``generate``'s
+rate (``python -m bench.gpu_check``; the figures: docs/measurements.md). One thread shared by every engine also spares each
 fresh engine of a block (``rebuild_per_block``) its own warm-up of the thread. Engines never
 generate at the same time (the runner interleaves variants, a static batch is one ``generate``,
 each engine holds a lock around it), so one worker serializes nothing that ran in parallel.

@@ -140,7 +140,7 @@ def build_llm(cfg: EngineConfig) -> tuple[Any, dict[str, Any], dict[str, Any], d
         # before the build too, so every engine is built with the thread count it steps with
         # (on the shared thread the first engine was built at the process default, 2 here, the
         # later ones at 1). Not the cause of the first-built engine's ~3-5% slower steps in real
-        # A/A runs: that remained after this (README, Statistics: the build order).
+        # A/A runs: that remained after this (docs/measurements.md: the build order).
         one_thread_stepping(defaults)
         if "stepping_torch_threads" in defaults:
             import torch
@@ -170,8 +170,8 @@ def cpu_threads(defaults: dict[str, Any]) -> Iterator[None]:
 
     vLLM's default ("auto") binds one OpenMP thread per core. That suits its own engine-core
     process; here the engine steps in a thread of the harness's process, beside the event loop
-    and other engines, and a bound worker cannot leave a core another process is using. Measured on 2 cores with a one-core background job (2026-11-30): an
-    in-process A/A ran at 1.2-3.6 tok/s pinned, 11.2-11.7 tok/s unpinned on one thread.
+    and other engines, and a bound worker cannot leave a core another process is using: with
+    another process on one core, pinned decoding collapsed (docs/measurements.md).
     A user's own ``VLLM_CPU_OMP_THREADS_BIND`` is kept."""
     from vllm.platforms import current_platform
 
@@ -296,9 +296,8 @@ def tokenizer_unpooled(applied: list[str]) -> Iterator[None]:
 
     The pool deep-copies the tokenizer for thread-safe use from the renderer's executor threads;
     those copies are never freed, even after the engine's shutdown and ``gc.collect()`` (no
-    Python referrer holds them): two ``tokenizers.Tokenizer`` and ~17 MB (SmolLM2) per engine
-    built, measured with a bare ``LLM`` built and shut down 3 times (1116 -> 1133 -> 1150 MB;
-    without the pool 1118 -> 1117 -> 1117). The in-process engine calls its tokenizer from the
+    Python referrer holds them): two ``tokenizers.Tokenizer`` per engine built, so the process
+    grows with every block (docs/measurements.md). The in-process engine calls its tokenizer from the
     stepping thread alone (prompts go in as token ids), so the pool has nothing to protect.
     """
     try:

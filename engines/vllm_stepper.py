@@ -2,7 +2,7 @@
 
 Why one: an engine stepped by a thread of its own runs wherever the OS keeps that thread. On a
 2-vCPU VM shared with other tenants one vCPU can be slower than the other for minutes, and the
-scheduler leaves a busy thread on one vCPU for 25-35 s: an A/A run (the same configuration as two
+scheduler leaves a busy thread on one vCPU for tens of seconds: an A/A run (the same configuration as two
 lanes) saw one of two identical engines faster in every block of a phase, because the effect
 belonged to the lane's own thread, which block rotation cannot move. With one thread for every
 engine, the lanes share its placement at each moment, and rotation spreads drift in time over

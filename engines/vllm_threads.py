@@ -23,9 +23,8 @@ class StepThreads:
     vLLM's ngram drafter runs numba, whose OpenMP layer (libiomp5, the runtime torch uses here
     too) restores numba's own count, the number of cores, with ``omp_set_num_threads`` after
     every proposal: on this thread, so every later step of every engine (the ngram one included)
-    ran its torch ops with 2 OpenMP threads on 2 cores. Measured on the tiny pair (2026-11-30,
-    19:52 UTC): the baseline's time per token 6.5 ms before an ngram engine had stepped in the
-    process, 15.3 ms after; 4.5-5.2 ms with this. The count kept is the policy's (1 on CPU, or
+    would run its torch ops with one OpenMP thread per core, beside the event loop and the other
+    processes (it more than doubled the time per token: docs/measurements.md). The count kept is the policy's (1 on CPU, or
     the user's ``OMP_NUM_THREADS``), else what the thread had once the engine was built.
     """
 

@@ -7,7 +7,7 @@ every run draws its own speed (run noise, 3-10%), the machine shifts by 3% at a 
 Two kinds of data: throughput-like (one tokens/s per run, closed loop) and latency-like
 (per-request TTFT/TPOT/E2E, paired by prompt within a round). In-process engines add an
 instance effect: an engine keeps a speed offset of its own for its whole life (real A/A runs,
-README: Statistics), so the design decides whether the offset varies between blocks (a fresh
+docs/statistics.md), so the design decides whether the offset varies between blocks (a fresh
 instance per block: the CI sees it) or not (one instance per lane: a bias the CI cannot see).
 
 Thousands of experiments are simulated as arrays (seconds), reduced to one log speedup per
@@ -36,7 +36,7 @@ TOKENS = 64
 MIN_EFFECT = 0.02
 EXPERIMENTS = 4000
 
-# The power the defaults promise (README, Statistics): a 10% speedup of tokens/s is called
+# The power the defaults promise (docs/statistics.md, Power): a 10% speedup of tokens/s is called
 # "faster" with probability >= POWER[instances] at DEFAULT_REPEATS when each run's speed varies by
 # NOISE (sd of log tok/s; this machine when not shared: 4-8%; 15-40% with six sessions on 2
 # cores), with no instance effect (servers) and with a fresh in-process engine per block.
@@ -46,7 +46,7 @@ POWER = {"none": 0.74, "per-block": 0.53}
 # The repeats that find EFFECT at NOISE with >= 80% power with a fresh engine per block.
 REPEATS_FOR_80 = 6
 
-# The sd of an engine instance's log speed offset. Real A/A runs on this machine (README:
+# The sd of an engine instance's log speed offset. Real A/A runs on this machine (docs/measurements.md:
 # Statistics), 14 with the build order swapped run by run (seeds 31-38, 41-46): per-run latency
 # estimates 0.93-1.08, sd of their logs 4.6%; less the run noise's share (3% noise over 4
 # blocks: sqrt(2 * 0.03**2 / 4) = 2.1%) 4.1% is left for the difference of two instances, so
@@ -179,7 +179,7 @@ def test_one_instance_per_lane_gives_falseverdicts(
     assert cover < worst[1], f"{metric}: CI coverage {cover:.1%}"
 
 
-# The build order: the first-built engine of a build stepped ~3.6% slower (README, real A/A
+# The build order: the first-built engine of a build stepped ~3.6% slower (docs/measurements.md, real A/A
 # runs, seeds 41-46). Rebuilt every block, the order's sign per block decides what it does.
 BUILD_FIRST = 0.036
 ORDERS = ("rotated", "random", "fixed")
@@ -273,7 +273,7 @@ def test_the_array_reduction_is_the_harness_reduction(mode: str) -> None:
             assert got["e2e"].estimate == pytest.approx(e_est[0], rel=1e-9)
 
 
-if __name__ == "__main__":  # the README's power table: python -m tests.test_calibration
+if __name__ == "__main__":  # docs/statistics.md's power table: python -m tests.test_calibration
     for instances in ("none", "per-block"):
         for effect, noise in ((1.10, 0.03), (1.10, 0.05), (1.20, 0.03), (1.20, 0.05)):
             row = []

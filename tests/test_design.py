@@ -204,7 +204,7 @@ def test_cycled_copies_never_share_a_prefix_cache_namespace() -> None:
 
 
 def test_engines_are_built_in_a_seeded_recorded_order() -> None:
-    """The engine built first stepped 3-5% slower in real A/A runs (README: the build order):
+    """The engine built first stepped 3-5% slower in real A/A runs (docs/measurements.md: the build order):
     the baseline must not always be built first, and the record says which was."""
     assert sorted(build_order(4, 3)) == [0, 1, 2, 3] and build_order(4, 3) == build_order(4, 3)
     assert {build_order(4, s)[0] for s in range(20)} == {0, 1, 2, 3}  # baseline not always first

@@ -1,5 +1,5 @@
 """Fresh engine instances per block, on a fake clock: an engine instance keeps a speed offset of
-a few % for its whole life (real A/A runs, README), so the CI (over blocks) can only see it when
+a few % for its whole life (real A/A runs, docs/measurements.md), so the CI (over blocks) can only see it when
 every block runs on instances of its own."""
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import argparse
 
 from harness.cli import capacity_flags, stop_flags, vllm_flags, workload_flags
 from harness.cli.engine_args import ARGS_HELP, DTYPE_HELP, DTYPES
+from harness.cli.help import DefaultsFormatter, add_help
 from harness.cli.options import Given, Parser, non_negative_int, positive_float, positive_int
 from harness.cli.plan_flags import DEFAULT_CONCURRENCY, DEFAULT_MAX_NEW_TOKENS
 
@@ -33,8 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Benchmark LLM serving engines on the same workloads, with and without "
         "speculative decoding, and compare them with confidence intervals.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=DefaultsFormatter,
+        add_help=False,
     )
+    add_help(p)
     _engines(p)
     _speculative(p)
     _workload(p)
@@ -52,8 +55,10 @@ def _engines(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engines and models")
     g.add_argument(
         "--engine",
+        action="joined",
+        nargs="+",
         default="vllm",
-        help="engine(s), comma-separated: hf, vllm, openai, vllm-server, transformers-server, "
+        help="engine(s): hf, vllm, openai, vllm-server, transformers-server, "
         "transformers-server-cb (default: vllm)",
     )
     g.add_argument(
@@ -86,12 +91,14 @@ def _speculative(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("speculative decoding")
     s.add_argument(
         "--spec",
-        nargs="?",
+        action="joined",
+        nargs="*",
         const="all",
         default=None,
         metavar="METHODS",
         help="run speculative variants: alone = every method that applies (draft_model, eagle3 with a "
-        "shipped head, ngram); or a comma list of ngram, draft_model, eagle, eagle3, mtp, suffix",
+        "shipped head, ngram); or a list of ngram, draft_model, eagle, eagle3, mtp, suffix (default: "
+        "off: the baseline only)",
     )
     s.add_argument(
         "--num-spec-tokens",
@@ -128,7 +135,8 @@ def _workload(p: argparse.ArgumentParser) -> None:
         "--num-prompts",
         type=positive_int,
         default=None,
-        help="use N prompts, the same N for a given --seed",
+        help="use N prompts, the same N for a given --seed (default: the whole workload; "
+        "--dataset-name random, prefix_repetition: 1000)",
     )
     w.add_argument(
         "--turn",

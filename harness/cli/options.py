@@ -98,7 +98,84 @@ def positive_float(text: str) -> float:
     return _number(text, float, 0, strict=True)
 
 
+class ListStore(argparse.Action):
+    """The store action of every flag of a :class:`Parser`: a flag that takes a list (nargs ``+``
+    or ``*``) takes its items space-separated, comma-separated or both (``--concurrency 1 4 16``
+    = ``--concurrency 1,4,16``), so one list syntax holds for every list flag, including those
+    added later. ``split=False`` opts out, for a value that may hold a comma (``--metadata
+    note=a,b``)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, split: bool = True, **kw: Any):
+        self.listy = split and kw.get("nargs") in ("+", "*")
+        self.item_type = kw.pop("type", None) if self.listy else None
+        self.item_choices = kw.pop("choices", None) if self.listy else None
+        super().__init__(option_strings, dest, **kw)
+
+    def items(self, values: Any) -> list[Any]:
+        parts = [p.strip() for v in values for p in str(v).split(",") if p.strip()]
+        if self.nargs == "+" and not parts:
+            raise argparse.ArgumentError(self, "expected at least one value")
+        out = []
+        for part in parts:
+            out.append(self.convert(part))
+            if self.item_choices is not None and out[-1] not in self.item_choices:
+                allowed = ", ".join(map(str, self.item_choices))
+                raise argparse.ArgumentError(
+                    self, f"invalid choice: {part!r} (choose from {allowed})"
+                )
+        return out
+
+    def convert(self, text: str) -> Any:
+        if self.item_type is None:
+            return text
+        try:
+            return self.item_type(text)
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentError(self, str(exc)) from None
+        except (TypeError, ValueError):
+            name = getattr(self.item_type, "__name__", repr(self.item_type))
+            raise argparse.ArgumentError(self, f"invalid {name} value: {text!r}") from None
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, self.items(values) if self.listy else values)
+
+
+class JoinedList(ListStore):
+    """A list flag whose value is one comma-joined string (``--engine hf vllm`` = ``--engine
+    hf,vllm``), converted whole by ``type``; given with no items it stores ``const``."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        item_type, self.item_type = self.item_type, None
+        try:
+            parts = self.items(values)
+        finally:
+            self.item_type = item_type
+        if not parts:
+            setattr(namespace, self.dest, self.const)
+            return
+        self.item_type = item_type
+        setattr(namespace, self.dest, self.convert(",".join(parts)))
+
+
 class Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", None, ListStore)  # the default action: one list syntax
+        self.register("action", "store", ListStore)
+        self.register("action", "joined", JoinedList)
+
     def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
         raise UsageError(message)
 

@@ -21,8 +21,8 @@ from harness.core.design import PER_BLOCK
 from harness.run.lanes import can_rebuild
 from harness.run.plan import GRACE_S, RunPlan, check_engines, parse_methods
 
-# 4 prompts x 32 tokens: with a fresh engine per block (4 builds and closes, ~20-30 s a block)
-# the main job took 10 min 47 s at 40 tokens (fresh clone, 2026-11-30 20:30 UTC)
+# 4 prompts x 32 tokens: with a fresh engine per block (every variant built and closed each
+# block) a longer default took the CPU main job past its 10 minutes (docs/measurements.md)
 DEFAULT_MAX_NEW_TOKENS = 32
 DEFAULT_CONCURRENCY = 4  # one load point: 4 in flight (the main job must fit 10 min on 2 cores)
 

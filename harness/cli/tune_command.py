@@ -21,6 +21,7 @@ from typing import Any
 
 from engines.base import REGISTRY, EngineConfig, EngineError, engine_class
 from harness.cli.flags import build_parser
+from harness.cli.help import hide, refuse_given
 from harness.cli.options import UsageError, positive_int
 from harness.cli.tune_variants import spec_config_for
 from harness.core.load import Concurrent
@@ -51,9 +52,43 @@ def round_requests(requests: Sequence[Any], load: int, rnd: int) -> list[Any]:
     return out
 
 
+# Run flags tune has no use for (it decides rounds, K, loads and the design itself): hidden from
+# `tune --help` and refused when given, rather than silently ignored. --request-rate has its own
+# message (loads are concurrencies).
+NOT_FOR_TUNE = (
+    "--mode", "--repeats", "--target-ci", "--max-repeats", "--sequential", "--instances", "--aa",
+    "--no-baseline", "--num-spec-tokens", "--resume", "--burstiness", "--goodput", "--no-plots",
+    "--save-result", "--result-filename", "--save-detailed", "--percentile-metrics",
+    "--metric-percentiles", "--request-rate",
+)  # fmt: skip
+TUNE_FIRST = (
+    "--engine", "--model", "--spec", "--spec-config", "--workload", "--num-prompts",
+    "--concurrency", "--max-new-tokens", "--output-dir",
+)  # fmt: skip
+
+
+TUNE_EPILOG = """\
+examples:
+  python -m harness tune --engine vllm                    every method, loads 1 2 4 8, 15 minutes
+  python -m harness tune --engine vllm --spec ngram --concurrency 1 4 16
+  python -m harness --spec-config @results/<ts>/speculative_config.json   use the answer
+"""
+
+
 def parser() -> argparse.ArgumentParser:
     p = build_parser()
     p.prog = "python -m harness tune"
+    hide(p, NOT_FOR_TUNE)
+    p.first_run, p.full_groups = TUNE_FIRST, ("tune",)  # type: ignore[attr-defined]
+    p.epilog = TUNE_EPILOG
+    said = {
+        "engine": "the engine to tune: vllm or vllm-server (default: vllm)",
+        "spec": "the methods to tune (default: every method that applies)",
+        "concurrency": "the loads to tune (default: the doubling sweep 1, 2, 4, ... up to "
+        "--max-load)",
+    }
+    for action in p._actions:  # noqa: SLF001 - argparse keeps them only there
+        action.help = said.get(action.dest, action.help)
     p.description = (
         "Find the best speculative configuration (method, K) per load with paired CIs, write it "
         "as a speculative_config vLLM accepts (num_speculative_tokens_per_batch_size), verify it."
@@ -95,8 +130,8 @@ def main(argv: Sequence[str]) -> int:
     from harness.cli.tune_variants import tuned_methods
     from workloads import WorkloadError
 
-    args = parser().parse_args(list(argv))
-    args.mode, args.quiet = "throughput", args.quiet
+    p = parser()
+    args = p.parse_args(list(argv))
     try:
         engines = [e.strip() for e in args.engine.split(",") if e.strip()]
         tunable = [e for e in REGISTRY if engine_class(e).capabilities.tunable]
@@ -104,6 +139,8 @@ def main(argv: Sequence[str]) -> int:
             raise UsageError(f"tune: --engine must be one of {', '.join(tunable)}")
         if args.request_rate:
             raise UsageError("tune: loads are concurrencies (--concurrency), not --request-rate")
+        refuse_given(p, args, [f for f in NOT_FOR_TUNE if f != "--request-rate"], "tune")
+        args.mode = "throughput"
         if not args.budget_min > 0:
             raise UsageError(f"tune: --budget-min: expected minutes > 0, got {args.budget_min}")
         args.spec = args.spec or (None if args.spec_config else "all")  # a head: tune it alone

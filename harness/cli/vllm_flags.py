@@ -114,7 +114,7 @@ def add_group(p: argparse.ArgumentParser) -> None:
         choices=DATASETS,
         help="custom, sharegpt, spec_bench read --dataset-path (spec_bench: the shipped set "
         "without one); random and prefix_repetition are made with the target's tokenizer "
-        "(default --num-prompts 1000, as vLLM) and imply --ignore-eos: their lengths are the point; "
+        "(--num-prompts 1000 unless given, as vLLM) and imply --ignore-eos: their lengths are the point; "
         "mooncake (= timed_trace) replays a trace (see 'trace replay and conversations')",
     )
     v.add_argument("--dataset-path", default=None, help="the dataset file (= --workload FILE)")
@@ -135,6 +135,8 @@ def add_group(p: argparse.ArgumentParser) -> None:
     v.add_argument("--prefix-repetition-output-len", type=one, default=rep.output_len, metavar="N")
     v.add_argument(
         "--percentile-metrics",
+        action="joined",
+        nargs="+",
         type=percentile_metrics,
         default=None,
         help="with either flag, a table per point shows these metrics at --metric-percentiles "
@@ -142,6 +144,8 @@ def add_group(p: argparse.ArgumentParser) -> None:
     )
     v.add_argument(
         "--metric-percentiles",
+        action="joined",
+        nargs="+",
         type=metric_percentiles,
         default=None,
         help="percentiles kept for every metric in results.json beside 50,90,99, and shown",
@@ -149,6 +153,7 @@ def add_group(p: argparse.ArgumentParser) -> None:
     v.add_argument(
         "--metadata",
         nargs="*",
+        split=False,  # a value may hold a comma
         type=metadata_item,
         default=[],
         metavar="KEY=VALUE",

@@ -145,7 +145,7 @@ INSTANCE_DESCRIPTIONS = {
 }
 
 # a fresh instance warms up before every point of every block: at full length that alone took
-# the main job past its 10 minutes (~48 s a block); 8 new tokens still run every decode shape of
+# the CPU main job past its 10 minutes; 8 new tokens still run every decode shape of
 # the point (batch sizes, the drafter's proposals), not the longest contexts
 PER_BLOCK_WARMUP_TOKENS = 8
 
@@ -161,7 +161,7 @@ def warmup_cap(asked: int | None, instances: str) -> int | None:
 def build_order(n_lanes: int, seed: int, block: int = 0) -> list[int]:
     """The order the lanes' engines are built in for ``block`` (when they are rebuilt per
     block): seeded, recorded. In one process the engine built first stepped 3-5% slower than
-    those built after it (real A/A runs, README: the build order); building the baseline first
+    those built after it (real A/A runs, docs/measurements.md); building the baseline first
     made that a bias for every speculative variant. Here the lane built first is balanced (over
     each ``n_lanes`` consecutive blocks every lane leads once, in a seeded order per cycle) and
     the rest follow in a seeded random order per block."""

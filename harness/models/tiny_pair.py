@@ -40,7 +40,7 @@ TARGET_DIMS: dict[str, int] = {
 DRAFT_LAYERS = 2
 SEQ_LEN = 256
 BATCH = 8
-# Sized for 2 AVX2 cores without bf16 support: fp32, ~0.3 s per step here (~10 min in all).
+# Sized for 2 AVX2 cores without bf16 support: fp32, about ten minutes in all.
 
 
 def corpus_files() -> tuple[Path, list[Path], list[Path]]:

@@ -1,7 +1,7 @@
 """``--client-workers N``: an HTTP engine's requests sent from N client processes on this host.
 
-Why: one asyncio process is the ceiling of the HTTP client (one core: ~0.3 ms of CPU per request
-plus ~14 us per SSE event here, bench/README.md); a server with many replicas needs more.
+Why: one asyncio process is the ceiling of the HTTP client (one core: its CPU per request and
+per SSE event, bench/README.md); a server with many replicas needs more.
 
 How: the parent's :class:`harness.run.runner.Runner` still owns the schedule and the clock. For each
 run it computes the send offsets of every request once (the same seed, so the same Poisson or

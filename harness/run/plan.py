@@ -16,7 +16,7 @@ from workloads import Cycled
 
 # A closed-loop point sends at least this many times its concurrency (cycling the prompts): one
 # full batch. More waves measure more of the steady state but cost the main job minutes it does
-# not have on 2 cores (2 waves: 12.5 min for the default job on SmolLM2, 2026-11-30 14:50 UTC).
+# not have on 2 cores (two waves took it past 10 minutes: docs/measurements.md).
 STEADY_WAVES = 1
 ALL_METHODS = ("draft_model", "eagle3", "ngram")  # --spec alone: each that has what it needs
 EAGLE = ("eagle3",)

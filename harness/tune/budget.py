@@ -26,7 +26,7 @@ from harness.tune.search import BASELINE, Arm, Settings
 
 DEFAULT_START_S = 30.0  # an in-process vLLM engine on 2 CPU cores: only before one was measured
 DEFAULT_RUN_S = 15.0  # one run at load 1 before anything was measured
-FILES_MARGIN_S = 30.0  # closing engines and writing files (8 engines on SmolLM2: 13 s, 15:28 UTC)
+FILES_MARGIN_S = 30.0  # closing engines and writing files, with room (docs/measurements.md)
 
 
 def process_start(now: Callable[[], float] = time.monotonic) -> float:
@@ -132,7 +132,7 @@ class TimeBudget:
     def run_s(self, arm: Arm, load: int) -> float:
         """Measured at this load (the mean of its runs); else scaled from the nearest load it
         ran at by the number of requests over sqrt(load) (tokens/s assumed to grow as the square
-        root of the load: SmolLM2 gained more, 15:10 UTC); else as its method's probe, else as
+        root of the load: a memory-bound decode gains at least that); else as its method's probe, else as
         the baseline, else ``DEFAULT_RUN_S``."""
         for a in (arm, *(b for b, _ in self.runs if b.method == arm.method), BASELINE):
             got = {lo: t for (b, lo), t in self.runs.items() if b == a and t}

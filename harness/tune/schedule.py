@@ -74,8 +74,8 @@ def build_config(
 ) -> tuple[dict[str, Any] | None, Schedule, list[str]]:
     """(speculative_config, schedule, notes). The config is None where speculation pays at none
     of the loads tuned: a schedule of K = 0 everywhere is not the same as no speculative_config (the engine
-    still carries the method: measured 0.81x [0.72, 0.90] of the baseline for draft_model on
-    the tiny pair), so the answer there is to run without one."""
+    still carries the method and its drafter's cost: docs/tune.md), so the answer there is to
+    run without one."""
     notes: list[str] = []
     method = choose_method(picks)
     if method is None:
@@ -108,7 +108,7 @@ def build_config(
     if method != "ngram" and any(k == 0 for _, _, k in schedule):
         notes.append(
             f"K = 0 ranges of {method} are not speculation off: the drafter still costs its steps "
-            "(tiny pair, draft_model, K = 0 at batch 8: 0.64x [0.55, 0.73] of the baseline); the "
+            "(docs/tune.md); the "
             "verification's schedule-vs-baseline column says what they cost here"
         )
     loads = sorted(p.load for p in picks)
@@ -152,10 +152,9 @@ RULE = (
 def pays(v: Comparison | None, tol: float, decided: bool = True) -> bool:
     """Speculation on: ahead of the baseline by more than the tolerance by its point estimate and
     not significantly slower; the standard the fixed K it is verified against was chosen by (a
-    CI above 1 held only by the schedule turned off loads that fixed K then won, 11:28 UTC).
-    Where the race was not decided, also its CI above 1: with the rounds cut by the budget a
-    point estimate is an unproven leader (ngram K=6, 15:10 UTC: chosen at 1.05x [0.93, 1.17],
-    then 0.89x [0.81, 0.98] of the baseline in verification)."""
+    CI above 1 held only by the schedule turns off loads that fixed K then wins). Where the race
+    was not decided, also its CI above 1: with the rounds cut by the budget a point estimate is
+    an unproven leader, which can run below the baseline in verification (docs/tune.md)."""
     if v is None or v.estimate is None or v.estimate <= 1 + tol or v.verdict == "slower":
         return False
     return decided or (v.lo is not None and v.lo > 1)
