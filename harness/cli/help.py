@@ -10,6 +10,7 @@ list is written down here, and a name in it that no parser defines is skipped.
 from __future__ import annotations
 
 import argparse
+import copy
 import re
 import sys
 import textwrap
@@ -56,6 +57,13 @@ class DefaultsFormatter(argparse.RawDescriptionHelpFormatter):
         ):
             return text
         return f"{text} (default: {shown(action.default)})".strip()
+
+    def _format_action(self, action: argparse.Action) -> str:
+        """A flag without help still gets its default (argparse skips an empty help)."""
+        if not action.help and action.option_strings and action.nargs != 0:
+            action = copy.copy(action)
+            action.help = f"(default: {shown(action.default)})"
+        return super()._format_action(action)
 
     def _format_args(self, action: argparse.Action, default_metavar: str) -> str:
         """``N ...`` for a list, not argparse's ``N [N ...]`` (the lines stay short)."""
@@ -107,7 +115,7 @@ def brief(parser: argparse.ArgumentParser) -> str:
     lines = []
     for g in groups:
         rest = [
-            a.option_strings[0]
+            "/".join(a.option_strings)  # aliases too: --warmup/--num-warmups
             for a in g._group_actions  # noqa: SLF001 - argparse keeps them only there
             if a in visible
             and not _first(a, first)

@@ -69,8 +69,8 @@ TUNE_FIRST = (
 
 TUNE_EPILOG = """\
 examples:
-  python -m harness tune --engine vllm                    every method, loads 1 2 4 8, 15 minutes
-  python -m harness tune --engine vllm --spec ngram --concurrency 1 4 16
+  python -m harness tune                       every method that applies, loads 1 2 4 8, 15 minutes
+  python -m harness tune --spec ngram --concurrency 1 4 16
   python -m harness --spec-config @results/<ts>/speculative_config.json   use the answer
 """
 
@@ -82,7 +82,8 @@ def parser() -> argparse.ArgumentParser:
     p.first_run, p.full_groups = TUNE_FIRST, ("tune",)  # type: ignore[attr-defined]
     p.epilog = TUNE_EPILOG
     said = {
-        "engine": "the engine to tune: vllm or vllm-server (default: vllm)",
+        "engine": "the engine to tune: "
+        + ", ".join(e for e in REGISTRY if engine_class(e).capabilities.tunable),
         "spec": "the methods to tune (default: every method that applies)",
         "concurrency": "the loads to tune (default: the doubling sweep 1, 2, 4, ... up to "
         "--max-load)",
