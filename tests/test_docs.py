@@ -68,11 +68,12 @@ def check_command(args: list[str]) -> None:
 def test_readme_commands_parse_with_the_real_parser(capsys):
     commands = harness_commands(README.read_text())
     assert len(commands) >= 5, commands  # the two commands, the quick-start, a server, tune...
-    for args in commands:
-        try:
-            check_command(args)
-        except Exception as exc:  # a UsageError names the flag
-            pytest.fail(f"README: `harness {' '.join(args)}`: {exc}")
+    for path in [README, *DOCS]:  # the docs' shell blocks too
+        for args in harness_commands(path.read_text()):
+            try:
+                check_command(args)
+            except Exception as exc:  # a UsageError names the flag
+                pytest.fail(f"{path.name}: `harness {' '.join(args)}`: {exc}")
 
 
 def slug(heading: str) -> str:
