@@ -203,5 +203,11 @@ def test_one_list_syntax_spaces_or_commas():
     assert b.spec == "ngram,draft_model" and b.metadata == [("note", "a,b")]
     c = p.parse_args(["--percentile-metrics", "ttft", "tpot", "--metric-percentiles", "50,99.9"])
     assert c.percentile_metrics == ("ttft", "tpot") and c.metric_percentiles == (50.0, 99.9)
+    from harness.cli.options import split_top
+
+    assert split_top('vllm={"a": 1, "b": [2, 3]},hf={"c": "x,y"}') == [
+        'vllm={"a": 1, "b": [2, 3]}',
+        'hf={"c": "x,y"}',
+    ]
     with pytest.raises(UsageError, match="--concurrency/--max-concurrency: 0 must be > 0"):
         p.parse_args(["--concurrency", "1,0"])

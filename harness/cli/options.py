@@ -98,11 +98,31 @@ def positive_float(text: str) -> float:
     return _number(text, float, 0, strict=True)
 
 
+def split_top(text: str) -> list[str]:
+    """Split at the commas outside brackets and quotes: ``1,4`` -> two items, a JSON object
+    (``vllm={"a": 1, "b": 2}``) stays one."""
+    out, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "{[(":
+            depth += 1
+        elif ch in "}])":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append(text[start:i])
+            start = i + 1
+    return [*out, text[start:]]
+
+
 class ListStore(argparse.Action):
     """The store action of every flag of a :class:`Parser`: a flag that takes a list (nargs ``+``
     or ``*``) takes its items space-separated, comma-separated or both (``--concurrency 1 4 16``
-    = ``--concurrency 1,4,16``), so one list syntax holds for every list flag, including those
-    added later. ``split=False`` opts out, for a value that may hold a comma (``--metadata
+    = ``--concurrency 1,4,16``; a comma inside brackets or quotes, as in JSON, does not split),
+    so one list syntax holds for every list flag, including those added later. ``split=False``
+    opts out, for a value that may hold a comma (``--metadata
     note=a,b``)."""
 
     def __init__(self, option_strings: Sequence[str], dest: str, split: bool = True, **kw: Any):
@@ -112,7 +132,7 @@ class ListStore(argparse.Action):
         super().__init__(option_strings, dest, **kw)
 
     def items(self, values: Any) -> list[Any]:
-        parts = [p.strip() for v in values for p in str(v).split(",") if p.strip()]
+        parts = [p.strip() for v in values for p in split_top(str(v)) if p.strip()]
         if self.nargs == "+" and not parts:
             raise argparse.ArgumentError(self, "expected at least one value")
         out = []
