@@ -117,9 +117,9 @@ def analyse(runs: dict[str, list[dict]]) -> tuple[list[str], list[Headline]]:
 
     With two sides the verdicts use A B B A blocks (rounds 2k, 2k+1 merged): the first side
     alternates, so a drift or a carry-over from the run before biases single rounds in
-    alternating directions (lag-1 autocorrelation of their log ratios -0.49 in the first 18
-    rounds measured, 01:00 UTC 2026-12-01), against the independence the order-statistic CI
-    assumes; a block cancels both. Three sides rotate: single rounds."""
+    alternating directions (their log ratios were negatively autocorrelated at lag 1:
+    docs/measurements.md), against the independence the order-statistic CI assumes; a block
+    cancels both. Three sides rotate: single rounds."""
     two = not runs.get("sampled")
     unit = "A B B A blocks" if two else "rounds"
     rounds = {k: by_round(runs, "harness", k) for k in KEYS}

@@ -166,9 +166,9 @@ async def check(device: str, sizes: dict[str, dict[str, int]], n_prompts: int, t
         n_params, nbytes = weights_read_per_token(plain.model)
         costs = engines[f"assisted K={K}"].step_costs(10 if device == "cpu" else 30)
         reqs = requests(prompts(n_prompts, tag="gpu"), tokens)
-        # warm-up: a whole untimed round. On an H200 a thread's first pass through each new
-        # shape (every KV length) ran 5-10x slower (engines/hf_thread.py); one short request
-        # left the first timed rounds at 26-52 tok/s against 117-184 in the third (2026-11-30).
+        # warm-up: a whole untimed round. On a GPU a thread's first pass through each new
+        # shape (every KV length) runs several times slower (engines/hf_thread.py); one short
+        # request left the first timed rounds far below the later ones (docs/measurements.md).
         for e in engines.values():
             await _harness(e, reqs, tokens)
         _raw(plain, reqs, tokens)
