@@ -15,7 +15,7 @@ from harness.models import smollm
 from tests.inprocess import run_harness
 
 # Offline first-position agreement of the shipped speculators on the default workload's 4
-# held-out prompts x 48 tokens (14:18 UTC: head 0.29, off-by-one 0.16, layers permuted 0.10,
+# held-out prompts x 48 tokens (measured: head 0.29, off-by-one 0.16, layers permuted 0.10,
 # draft 0.26; the barely trained speculators shipped before: ~0.07 on 8 held-out x 64).
 AGREEMENT_FLOOR = {"eagle3": 0.15, "draft": 0.12}
 
@@ -157,7 +157,7 @@ def test_hf_assisted_generation_with_the_draft_is_lossless(smollm2: dict[str, st
 def test_each_speculator_runs_in_vllm_with_acceptance(tmp_path: Path, smollm2, capsys) -> None:
     """`--spec` alone on the default family: draft_model, eagle3 and ngram, each accepting
     tokens (a wrong draft, head layout, d2t or hidden-state layer accepts ~nothing). Two short
-    prompts x 16 tokens: each speculator accepts 12-18 tokens there (21:49 UTC); the 611-token
+    prompts x 16 tokens: each speculator accepts 12-18 tokens there (measured); the 611-token
     prompt of 4 x 32 added ~35 s of decoding and nothing this asserts."""
     out = tmp_path / "spec"
     proc = run_harness(

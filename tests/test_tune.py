@@ -401,9 +401,9 @@ def test_speculation_off_everywhere_is_verified_against_fixed_k_running_the_base
 
 def test_an_undecided_load_emits_its_leader_only_where_its_ci_is_above_one():
     """Undecided (rounds or budget spent): the leader is emitted only with its CI against the
-    baseline above 1, else K = 0 (15:10 UTC: ngram K=6 chosen at 1.05x [0.93, 1.17], then 0.89x
-    [0.81, 0.98] of the baseline in verification). A decided load keeps the point-estimate
-    standard of the fixed K it is verified against (11:28 UTC); within the tolerance: off."""
+    baseline above 1, else K = 0 (an unproven leader once ran below the baseline in
+    verification: docs/measurements.md). A decided load keeps the point-estimate standard of the
+    fixed K it is verified against (docs/tune.md); within the tolerance: off."""
     from harness.analysis.stats import compare_log_ratios
     from harness.tune.schedule import UNDECIDED_OFF, picks
     from harness.tune.search import Candidate, LoadResult
@@ -454,7 +454,7 @@ def test_an_undecided_search_emits_k0_where_its_leader_is_not_significant(seed):
 
 
 # ---- the whole tune on a fake clock: the budget holds from measured times ------------------------
-SMOL_BASE_S = {1: 14.0, 2: 9.0, 4: 12.0, 8: 15.5}  # baseline runs, SmolLM2, 15:10 UTC
+SMOL_BASE_S = {1: 14.0, 2: 9.0, 4: 12.0, 8: 15.5}  # baseline runs of a SmolLM2 tune (docs/measurements.md)
 SMOL_COSTS = {
     "ngram": {1: 0.05, 2: 0.08, 4: 0.12, 8: 0.2},
     "draft_model": {1: 0.3, 2: 0.5, 4: 0.7, 8: 1.0},
@@ -540,7 +540,7 @@ def test_the_whole_tune_keeps_its_budget_from_measured_times(slow, seed):
     """Verification included: the wall time (imports, engine starts, search, verification,
     files) stays within --budget-min, whatever the machine's speed; a priori estimates (15 s a
     run, 30 s a start) or a reserve that forgets the verification of the loads already tuned
-    (15:10 UTC: 18.3 min for a 14-min budget) do not keep it."""
+    (one ran 18.3 min for a 14-min budget: docs/measurements.md) do not keep it."""
     wall, budget, results, got = simulate(15, slow=slow, seed=seed)
     assert wall <= 15 * 60, (wall / 60, budget.lines)
     assert got.verification is not None and got.verification.rounds == 3
