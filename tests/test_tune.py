@@ -454,7 +454,8 @@ def test_an_undecided_search_emits_k0_where_its_leader_is_not_significant(seed):
 
 
 # ---- the whole tune on a fake clock: the budget holds from measured times ------------------------
-SMOL_BASE_S = {1: 14.0, 2: 9.0, 4: 12.0, 8: 15.5}  # baseline runs of a SmolLM2 tune (docs/measurements.md)
+# baseline runs of a SmolLM2 tune (docs/measurements.md)
+SMOL_BASE_S = {1: 14.0, 2: 9.0, 4: 12.0, 8: 15.5}
 SMOL_COSTS = {
     "ngram": {1: 0.05, 2: 0.08, 4: 0.12, 8: 0.2},
     "draft_model": {1: 0.3, 2: 0.5, 4: 0.7, 8: 1.0},
