@@ -211,3 +211,15 @@ def test_one_list_syntax_spaces_or_commas():
     ]
     with pytest.raises(UsageError, match="--concurrency/--max-concurrency: 0 must be > 0"):
         p.parse_args(["--concurrency", "1,0"])
+
+
+def test_the_readme_prompt_line_is_a_workload(tmp_path):
+    """The quick-start's "your prompts as one JSONL line" reads as a native workload."""
+    from workloads import load_workload
+
+    blocks = re.findall(r"```json\n(.*?)\n\s*```", README.read_text(), re.S)
+    assert blocks, "no JSONL example in the README"
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(b.strip() for b in blocks) + "\n")
+    workload = load_workload(str(path))
+    assert workload.requests and workload.requests[0].max_new_tokens == 256
