@@ -7,25 +7,9 @@ import argparse
 
 from harness.cli import capacity_flags, stop_flags, vllm_flags, workload_flags
 from harness.cli.engine_args import ARGS_HELP, DTYPE_HELP, DTYPES
-from harness.cli.help import DefaultsFormatter, add_help
+from harness.cli.help import EPILOG, DefaultsFormatter, add_help
 from harness.cli.options import Given, Parser, non_negative_int, positive_float, positive_int
 from harness.cli.plan_flags import DEFAULT_CONCURRENCY, DEFAULT_MAX_NEW_TOKENS
-
-EPILOG = """\
-subcommands:
-  python -m harness report results.json        re-render summary.md from a results file
-  python -m harness compare A.json B.json ...  runs of several files side by side
-  python -m harness models build|path ...      the shipped models (SmolLM2 family, tiny pair)
-  python -m harness tune --engine vllm         best (method, K) per load -> speculative_config
-
-examples:
-  python -m harness --engine vllm --spec                      the main job (SmolLM2 family)
-  python -m harness --engine hf --spec --model tiny --workload tiny   seconds: the test pair
-  python -m harness --engine hf,vllm --spec ngram --mode latency --num-prompts 8
-  python -m harness --engine vllm --spec --concurrency 1 4 16 --max-new-tokens 50 200
-  python -m harness --engine openai --base-url http://127.0.0.1:8000/v1 --concurrency 32
-  python -m harness --engine vllm --dataset-name random --random-input-len 256 --random-output-len 32 --max-concurrency 4 --num-prompts 64
-"""
 
 
 def build_parser() -> argparse.ArgumentParser:

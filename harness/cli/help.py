@@ -37,6 +37,21 @@ FIRST_RUN = (
     "--dry-run",
 )
 WIDTH = 100
+EPILOG = """\
+subcommands:
+  python -m harness report results.json        re-render summary.md from a results file
+  python -m harness compare A.json B.json ...  runs of several files side by side
+  python -m harness models build|path ...      the shipped models (SmolLM2 family, tiny pair)
+  python -m harness tune --engine vllm         best (method, K) per load -> speculative_config
+
+examples:
+  python -m harness --engine vllm --spec                      the main job (SmolLM2 family)
+  python -m harness --engine hf --spec --model tiny --workload tiny   seconds: the test pair
+  python -m harness --engine hf,vllm --spec ngram --mode latency --num-prompts 8
+  python -m harness --engine vllm --spec --concurrency 1 4 16 --max-new-tokens 50 200
+  python -m harness --engine openai --base-url http://127.0.0.1:8000/v1 --concurrency 32
+  python -m harness --engine vllm --dataset-name random --random-input-len 256 --random-output-len 32 --max-concurrency 4 --num-prompts 64
+"""
 SAYS_DEFAULT = re.compile(r"\bdefault[ :)]")  # "default 4", "default: x", "'embedded' (default)"
 
 
@@ -87,6 +102,19 @@ def shown(value: Any) -> str:
     return str(value).replace("%", "%%")
 
 
+# argparse has no public accessor for a parser's actions and groups: these three read them.
+def actions(p: argparse.ArgumentParser) -> list[argparse.Action]:
+    return list(p._actions)  # noqa: SLF001 - argparse has no public list of a parser's actions
+
+
+def parser_groups(p: argparse.ArgumentParser) -> list[Any]:
+    return list(p._action_groups)  # noqa: SLF001 - argparse has no public list of its groups
+
+
+def members(group: Any) -> list[argparse.Action]:
+    return list(group._group_actions)  # noqa: SLF001 - argparse has no public list of a group's
+
+
 def _first(action: argparse.Action, first: Sequence[str]) -> bool:
     return any(o in first for o in action.option_strings)
 
@@ -100,32 +128,32 @@ def brief(parser: argparse.ArgumentParser) -> str:
     fmt.add_usage(f"{parser.prog} [flags]", [], [])
     for text in (parser.description, NOTE):
         fmt.add_text(textwrap.fill(text or "", width=WIDTH))
-    groups = parser._action_groups  # argparse keeps groups only here  # noqa: SLF001 - argparse keeps them only there
-    visible = [a for g in groups for a in g._group_actions if a.help is not argparse.SUPPRESS]  # noqa: SLF001 - argparse keeps them only there
+    groups = [(g.title, members(g)) for g in parser_groups(parser)]
+    visible = [a for _, acts in groups for a in acts if a.help is not argparse.SUPPRESS]
     fmt.start_section("flags for a first run")
     by_name = {o: a for a in visible for o in a.option_strings}
     fmt.add_arguments([by_name[f] for f in first if f in by_name])
     fmt.end_section()
-    for g in groups:
-        if g.title not in full_groups:
+    for title, acts in groups:
+        if title not in full_groups:
             continue
-        fmt.start_section(g.title)
-        fmt.add_arguments([a for a in g._group_actions if a.help is not argparse.SUPPRESS])  # noqa: SLF001 - argparse keeps them only there
+        fmt.start_section(title)
+        fmt.add_arguments([a for a in acts if a.help is not argparse.SUPPRESS])
         fmt.end_section()
     lines = []
-    for g in groups:
+    for title, acts in groups:
         rest = [
             "/".join(a.option_strings)  # aliases too: --warmup/--num-warmups
-            for a in g._group_actions  # noqa: SLF001 - argparse keeps them only there
+            for a in acts
             if a in visible
             and not _first(a, first)
             and a.option_strings
             and not isinstance(a, BriefHelp)
         ]
-        if rest and g.title not in full_groups:
+        if rest and title not in full_groups:
             lines.append(
                 textwrap.fill(
-                    f"{g.title}: " + " ".join(rest),
+                    f"{title}: " + " ".join(rest),
                     width=WIDTH,
                     initial_indent="  ",
                     subsequent_indent="      ",
@@ -160,7 +188,7 @@ def add_help(p: argparse.ArgumentParser) -> None:
 
 def hide(p: argparse.ArgumentParser, flags: Sequence[str]) -> None:
     """Leave ``flags`` out of both levels of help (a subcommand that does not use them)."""
-    for action in p._actions:  # argparse keeps the actions only here  # noqa: SLF001 - argparse keeps them only there
+    for action in actions(p):
         if any(o in flags for o in action.option_strings):
             action.help = argparse.SUPPRESS
 
@@ -170,7 +198,7 @@ def refuse_given(
 ) -> None:
     """One line for a flag of ``flags`` given with a value other than its default: refused,
     not silently ignored."""
-    for action in p._actions:  # noqa: SLF001 - argparse keeps them only there
+    for action in actions(p):
         flag = next((o for o in action.option_strings if o in flags), None)
         if flag and getattr(args, action.dest, action.default) != action.default:
             raise UsageError(

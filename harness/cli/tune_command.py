@@ -21,7 +21,7 @@ from typing import Any
 
 from engines.base import REGISTRY, EngineConfig, EngineError, engine_class
 from harness.cli.flags import build_parser
-from harness.cli.help import hide, refuse_given
+from harness.cli.help import actions, hide, refuse_given
 from harness.cli.options import UsageError, positive_int
 from harness.cli.tune_variants import spec_config_for
 from harness.core.load import Concurrent
@@ -88,7 +88,7 @@ def parser() -> argparse.ArgumentParser:
         "concurrency": "the loads to tune (default: the doubling sweep 1, 2, 4, ... up to "
         "--max-load)",
     }
-    for action in p._actions:  # noqa: SLF001 - argparse keeps them only there
+    for action in actions(p):
         action.help = said.get(action.dest, action.help)
     p.description = (
         "Find the best speculative configuration (method, K) per load with paired CIs, write it "
