@@ -156,7 +156,9 @@ def entries(text: str) -> dict[str, str]:
     flag = None
     for line in text.splitlines():
         m = re.match(r"  (--[\w-]+)", line)
-        if m:
+        if m and m.group(1) in out:  # a group's description that opens with a flag's name
+            flag = None
+        elif m:
             flag = m.group(1)
             out[flag] = line
         elif flag and line.startswith("      "):
