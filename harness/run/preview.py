@@ -180,7 +180,9 @@ def _estimate(
     time, not a promise (engines reach a fraction of the bound; speculation can pass it)."""
     device = out.device
     bandwidth = next((v for k, v in BANDWIDTH.items() if k in device.name), None)
-    target = sizes.get(plan.model)
+    # the target's size only where it is used (a CUDA device of known bandwidth): reading a hub
+    # id's config may go to the network, and a remote engine's model name need not be one
+    target = sizes.get(plan.model) if bandwidth and device.on_cuda else None
     if not (bandwidth and device.on_cuda and isinstance(target, ModelSize)):
         out.estimate_why = "no estimate on this device (see docs/gpu.md for measured main jobs)"
         return
