@@ -28,7 +28,9 @@ def test_cpu_keeps_the_main_job_exactly(monkeypatch: pytest.MonkeyPatch) -> None
     assert said == []
     assert plan.workload == "default" and plan.num_prompts is None
     assert plan.max_new_tokens == (32,) and plan.concurrency == (4,) and plan.instances is None
-    assert plan.modes == ("latency", "throughput") and plan.repeats == 4
+    assert plan.modes == ("latency", "throughput")
+    # the sequential design (a run that compares): first look at 3 blocks, cap 8, 8 min budget
+    assert (plan.repeats, plan.max_repeats, plan.budget_s) == (3, 8, 480.0)
 
 
 def test_cuda_gets_a_realistic_comparison(monkeypatch: pytest.MonkeyPatch) -> None:

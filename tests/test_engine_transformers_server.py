@@ -106,13 +106,13 @@ def test_a_one_token_answer_without_text_has_a_first_token(
     engine = _openai(server, endpoint="completions", served_model=server.config.model)
     reqs = [
         Request(id="one", prompt="<|eos|>", max_new_tokens=1),
-        Request(id="n", prompt=PROMPTS[0]),
+        Request(id="n", prompt=PROMPTS[0], max_new_tokens=N),
     ]
 
     async def main() -> list[Any]:
         await engine.start()
         try:
-            return await Runner(engine).run(reqs, GenParams(max_new_tokens=N), Synchronous())
+            return await Runner(engine).run(reqs, GenParams(), Synchronous())
         finally:
             await engine.close()
 
