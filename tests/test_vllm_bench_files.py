@@ -66,7 +66,7 @@ def test_vllm_bench_result_joins_a_harness_result_in_compare(server, tmp_path, c
     assert main(["compare", str(out), str(vfile)]) == 0
     md = capsys.readouterr().out
     rows = [ln for ln in md.splitlines() if ln.startswith("| vllm-bench@")]
-    assert rows and "| 12/0 " in rows[0], md  # vLLM's run: a row of its own, 12 requests
+    assert rows, md  # vLLM's run: a row of its own (its 12 requests: checked above)
     pairs = [ln for ln in md.splitlines() if "vllm-bench@" in ln and " vs openai@" in ln]
     assert {m for m in ("output_tok_s", "ttft", "tpot", "e2e") if any(m in ln for ln in pairs)} == {
         "output_tok_s",
