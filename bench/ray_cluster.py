@@ -20,12 +20,6 @@ from pathlib import Path
 RAY = str(Path(sys.executable).with_name("ray"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def private_network() -> bool:
     """Whether this process sees no network interface but loopback."""
     return [name for _, name in socket.if_nameindex()] == ["lo"]
@@ -53,7 +47,9 @@ def local_cluster(nodes: int, temp_dir: str, cpus: int = 1) -> Iterator[str]:
     """Yields the head's address; each node has the custom resource ``node_K``."""
     if not private_network():
         raise RuntimeError("local_cluster: run inside `unshare -n` (loopback only)")
-    port = _free_port()
+    from engines.vllm_server import free_port
+
+    port = free_port()
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     common = [f"--num-cpus={cpus}", "--node-ip-address=127.0.0.1",
               "--object-store-memory=80000000", "--disable-usage-stats"]  # fmt: skip
