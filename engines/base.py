@@ -269,7 +269,8 @@ class Engine(Protocol):
         raise UnsupportedError(f"{self.name}: no static batching")
 
     # ---- what the run's flags mean to it (defaults: nothing) ----------------------------------
-    # the run-level settings (engines.http_flags.RunFlags) this engine takes into its options
+    # the run-level settings (engines.http_flags.RunFlags) this engine takes into its options;
+    # "max_model_len" (--max-model-len): into its engine_args under that name (RunPlan.args_for)
     run_flags: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod

@@ -164,3 +164,10 @@ class ManagedServerFlags:
     @classmethod
     def options_from(cls, flags: RunFlags, speculative: bool) -> dict[str, Any]:
         return server_options(flags)
+
+
+class VLLMServerFlags(ManagedServerFlags):
+    """A ``vllm serve`` the harness starts: also --max-model-len, as its engine argument
+    ``max_model_len`` (``RunPlan.args_for``), a ``--max-model-len`` of the server."""
+
+    run_flags: ClassVar[frozenset[str]] = SERVER_FLAGS | {"max_model_len"}

@@ -16,6 +16,7 @@ import os
 from typing import Any, ClassVar
 
 from engines.base import Capabilities, EngineConfig, EngineError
+from engines.http_flags import ManagedServerFlags
 from engines.vllm_server import VLLMServerEngine, to_flags
 
 RESERVED = ("host", "port", "force_model", "model")
@@ -35,6 +36,7 @@ class TransformersServerEngine(VLLMServerEngine):
     name: ClassVar[str] = "transformers-server"
     spec_methods: ClassVar[tuple[str, ...]] = ()
     continuous_batching: ClassVar[bool] = False
+    run_flags: ClassVar[frozenset[str]] = ManagedServerFlags.run_flags  # no --max-model-len
     # no /metrics: no load gauges (nor speculative counters)
     capabilities: ClassVar[Capabilities] = Capabilities(
         coexist=True, managed=True, client_workers=True, device_memory="own"

@@ -42,6 +42,7 @@ from engines.vllm_messages import Abort, Add, Call, Command, Step, Stop
 from engines.vllm_metrics import StatsTap
 from engines.vllm_process import ENV, core_mode, engine_process_default
 from engines.vllm_setup import (
+    VLLMFlags,
     build_llm,
     free_dist_state,
     keep_dist_state,
@@ -50,7 +51,6 @@ from engines.vllm_setup import (
     sampling_params,
     torch_threads_kept,
     validate_config,
-    vllm_arg_names,
 )
 from engines.vllm_stepper import STEPPER, Open
 from engines.vllm_threads import StepThreads
@@ -63,7 +63,7 @@ SHARED = "one stepping thread shared by this process's in-process vLLM engines"
 _ALIVE: set[int] = set()  # ids of this process's engines that hold vLLM's process-wide state
 
 
-class VLLMEngine(Engine):
+class VLLMEngine(VLLMFlags, Engine):
     """vLLM ``LLM`` in this process, driven request by request (see module docstring)."""
 
     name: ClassVar[str] = "vllm"
@@ -102,8 +102,6 @@ class VLLMEngine(Engine):
     @classmethod
     def validate(cls, config: EngineConfig) -> None:
         validate_config(config, cls.spec_methods)
-
-    engine_arg_names = staticmethod(vllm_arg_names)  # EngineArgs' fields
 
     async def start(self) -> None:
         self.validate(self.config)

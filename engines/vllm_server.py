@@ -36,7 +36,7 @@ from engines.base import (
     GenParams,
     SpecCounters,
 )
-from engines.http_flags import ManagedServerFlags
+from engines.http_flags import VLLMServerFlags
 from engines.openai import OpenAIEngine
 from engines.vllm_setup import (
     CPU_DTYPE,
@@ -130,7 +130,7 @@ def _die_with_parent() -> None:
         pass
 
 
-class VLLMServerEngine(ManagedServerFlags, Engine):
+class VLLMServerEngine(VLLMServerFlags, Engine):
     """Starts ``vllm serve`` for ``config.model`` and streams from it over HTTP."""
 
     name: ClassVar[str] = "vllm-server"

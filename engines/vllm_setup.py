@@ -12,7 +12,7 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from engines.base import EngineConfig, EngineError, GenParams, Request, new_tokens
 from engines.local_model import missing_path
@@ -32,6 +32,14 @@ def vllm_arg_names() -> frozenset[str]:
     from vllm.engine.arg_utils import EngineArgs
 
     return frozenset(f.name for f in dataclasses.fields(EngineArgs)) - set(RESERVED)
+
+
+class VLLMFlags:
+    """What the run's flags and ``engine_args`` mean to the in-process engine: engine_args are
+    ``EngineArgs`` fields; --max-model-len is the field of that name (``RunPlan.args_for``)."""
+
+    run_flags: ClassVar[frozenset[str]] = frozenset({"max_model_len"})
+    engine_arg_names = staticmethod(vllm_arg_names)
 
 
 def validate_config(config: EngineConfig, spec_methods: tuple[str, ...]) -> None:

@@ -58,3 +58,60 @@ def test_an_argument_an_engine_does_not_take_is_refused_in_one_line(
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1, err
     assert says in err and "Traceback" not in err
+
+
+def test_max_model_len_reaches_every_vllm_engine_and_no_other(tiny_pair) -> None:
+    """--max-model-len is a plan setting (config.max_model_len) that each vLLM engine gets as
+    its max_model_len: in-process (LLM's kwargs) and the managed `vllm serve` (its argv)."""
+    from engines.vllm_server import VLLMServerEngine
+
+    plan = plan_of("--engine", "hf,vllm,vllm-server", "--model", tiny_pair[0],
+                   "--max-model-len", "4096", "--engine-args", 'hf={"attn_implementation": "sdpa"}')  # fmt: skip
+    assert plan.to_json()["max_model_len"] == 4096
+    assert args_of(plan, "vllm") == {"max_model_len": 4096}
+    assert args_of(plan, "hf") == {"attn_implementation": "sdpa"}  # HF: nothing to do with it
+    assert plan.engine_args_by_engine["vllm"] == {}  # --engine-args recorded as given
+    server = next(c for _, c in plan.engine_configs({}) if c.engine == "vllm-server")
+    argv = VLLMServerEngine(server).argv
+    assert argv[argv.index("--max-model-len") + 1] == "4096"
+    assert plan_of("--engine", "vllm").to_json()["max_model_len"] is None  # the model's own
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--engine", "vllm", "--max-model-len", "512", "--engine-arg", "max_model_len=256"],
+         "--max-model-len 512 and --engine-args max_model_len=256 (vllm): one setting given twice"),
+        (["--engine", "hf,vllm", "--max-model-len", "512", "--engine-args",
+          'vllm={"max_model_len": 256}'], "--engine-args max_model_len=256 (vllm)"),
+        (["--engine", "hf", "--max-model-len", "512"],
+         "--max-model-len is for --engine vllm or vllm-server (vLLM's max_model_len); --engine hf"),
+    ],
+)  # fmt: skip
+def test_max_model_len_given_twice_or_to_no_vllm_engine_is_refused(
+    argv: list[str], says: str, tiny_pair: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(["--quiet", "--workload", "tiny", "--model", tiny_pair[0], "--dry-run", *argv])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert says in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_the_in_process_vllm_engine_runs_with_the_flag(tmp_path, tiny_pair, capsys) -> None:
+    """A real run on the tiny pair: vLLM's own model config says 256 (not the CPU default 2048),
+    and results.json records the setting."""
+    import json
+
+    out = tmp_path / "run"
+    argv = ["--engine", "vllm", "--model", "tiny", "--workload", "tiny", "--num-prompts", "1",
+            "--max-new-tokens", "4", "--mode", "latency", "--repeats", "1", "--warmup", "0",
+            "--max-model-len", "256", "--quiet", "--no-plots", "--output-dir", str(out)]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["max_model_len"] == 256
+    info = results["runs"][0]["engine_info"]
+    assert info["max_model_len"] == 256  # llm_engine.model_config.max_model_len
+    assert info["engine_kwargs"]["max_model_len"] == 256
+    assert "max_model_len" not in info["defaults_chosen"]  # the flag's, not the CPU table's
+    assert results["plan"]["lanes"][0]["memory"]["max_model_len"] == 256

@@ -116,6 +116,30 @@ def test_8b_sequential_on_80gb_gets_a_plan_that_fits(gpu_models, on_gpu, capsys)
     assert "dtype: bfloat16" in out  # the model's own, for both engines
 
 
+def test_the_advice_names_a_max_model_len_that_fits(gpu_models, on_gpu, capsys) -> None:
+    """At the 8B's 131072 positions two vLLM lanes beside HF's cannot fit 80 GB; the stop line
+    names the longest --max-model-len that does, and with it the plan fits, each vLLM lane's
+    minimum KV cache one request of that length."""
+    import re
+
+    argv = ("--engine", "hf,vllm", "--model", gpu_models["target"], "--spec", "ngram")
+    rc, out, err = dry(capsys, *argv)
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "(max_model_len 131072)" in out
+    n = int(re.search(r"--max-model-len (\d+) \(a vLLM request's prompt", err).group(1))
+    assert n == 65536  # the numbers: 15 GiB weights + 8 GiB KV + 2 GiB per vLLM lane, HF's 16
+    rc, out, err = dry(capsys, *argv, "--max-model-len", str(n))
+    assert rc == 0 and "fits" in out and f"--max-model-len {n}: vllm" in out, err
+    mem = plan_json(gpu_models, *argv, "--max-model-len", str(n))["memory"]
+    lanes = {m["lane"]: m for m in mem["lanes"]}
+    for lane in ("vllm/baseline", "vllm/ngram"):
+        assert lanes[lane]["max_model_len"] == n and lanes[lane]["kv_min_bytes"] == n * 128 * 1024
+    assert "max_model_len" not in lanes["hf/baseline"]  # HF's KV: its longest request
+    # seven lanes need more than the weights leave at any length: no length is advised
+    rc, _, err = dry(capsys, *run_args(gpu_models))
+    assert rc == 2 and "--max-model-len" not in err and "--sequential" in err
+
+
 def plan_json(models: dict[str, str], *extra: str) -> dict[str, Any]:
     """The preview's JSON, as a run records it (results.json "plan")."""
     import argparse

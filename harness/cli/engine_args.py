@@ -17,10 +17,16 @@ DTYPE_HELP = (
     "torch_dtype, bfloat16 if it says float32); a second dtype for one engine: "
     "--engine-args ENGINE='{\"dtype\": ...}'"
 )
+MAX_MODEL_LEN_HELP = (
+    "the vLLM engines' max_model_len (vllm, vllm-server): the longest prompt + output a request "
+    "may have (vLLM fails a longer one), and the KV cache the memory plan reserves per vLLM lane "
+    "(default: the model's max_position_embeddings; on CPU 2048); hf, transformers-server and "
+    "openai do not take it (HF's cache holds what each request needs)"
+)
 ARGS_HELP = (
     "JSON object passed to the engines that take its keys (vLLM EngineArgs, e.g. "
     "'{\"tensor_parallel_size\": 2}'); ENGINE=JSON for one engine only, e.g. "
-    'vllm=\'{"max_model_len": 8192}\' hf=\'{"attn_implementation": "sdpa"}\' (repeatable)'
+    'vllm=\'{"enforce_eager": true}\' hf=\'{"attn_implementation": "sdpa"}\' (repeatable)'
 )
 
 
@@ -88,6 +94,32 @@ def resolve(
             mine[key] = value
         out[engine] = mine
     return glob, out
+
+
+def check_max_model_len(
+    n: int | None,
+    engines: Sequence[str],
+    glob: Mapping[str, Any],
+    by_engine: Mapping[str, Mapping[str, Any]] | None,
+) -> None:
+    """--max-model-len goes to the engines whose ``run_flags`` take it (vLLM's: RunPlan.args_for);
+    one line when no engine of the run does, or when --engine-args gives it too (said once)."""
+    if n is None:
+        return
+    takers = [e for e in engines if "max_model_len" in engine_class(e).run_flags]
+    if not takers:
+        named = [e for e in REGISTRY if "max_model_len" in engine_class(e).run_flags]
+        raise UsageError(
+            f"--max-model-len is for --engine {' or '.join(named)} (vLLM's max_model_len); "
+            f"--engine {','.join(engines)} does not take it"
+        )
+    for engine in takers:
+        given = (glob if by_engine is None else by_engine.get(engine, {})).get("max_model_len")
+        if given is not None:
+            raise UsageError(
+                f"--max-model-len {n} and --engine-args max_model_len={given} ({engine}): one "
+                "setting given twice; keep --max-model-len"
+            )
 
 
 def describe(by_engine: Mapping[str, Mapping[str, Any]] | None, glob: Mapping[str, Any]) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from harness.cli import capacity_flags, stop_flags, vllm_flags, workload_flags
-from harness.cli.engine_args import ARGS_HELP, DTYPE_HELP, DTYPES
+from harness.cli.engine_args import ARGS_HELP, DTYPE_HELP, DTYPES, MAX_MODEL_LEN_HELP
 from harness.cli.help import EPILOG, DefaultsFormatter, add_help
 from harness.cli.options import Given, Parser, non_negative_int, positive_float, positive_int
 from harness.cli.plan_flags import DEFAULT_CONCURRENCY, DEFAULT_MAX_NEW_TOKENS
@@ -60,6 +60,9 @@ def _engines(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tokenizer", default=None, help="tokenizer id or path (default: the model's)")
     g.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
     g.add_argument("--device", default="auto", help="hf engine device: auto, cpu, cuda, cuda:N")
+    g.add_argument(
+        "--max-model-len", type=positive_int, default=None, metavar="N", help=MAX_MODEL_LEN_HELP
+    )
     g.add_argument("--engine-args", action="append", metavar="[ENGINE=]JSON", help=ARGS_HELP)
     g.add_argument(
         "--engine-arg",

@@ -13,6 +13,7 @@ from typing import Any
 from engines.base import REGISTRY, engine_class
 from engines.local_model import missing_path
 from harness.cli import capacity_flags, workload_flags
+from harness.cli.engine_args import check_max_model_len
 from harness.cli.engine_args import resolve as resolve_engine_args
 from harness.cli.options import UsageError, goodput, json_arg, variant_urls
 from harness.cli.stop_flags import DEFAULT_BUDGET_MIN, DEFAULT_REPEATS
@@ -83,6 +84,7 @@ def build_plan(
             "(the shipped family has one: --model embedded)"
         )
     engine_args, by_engine = resolve_engine_args(args.engine_args, args.engine_arg, engines)
+    check_max_model_len(getattr(args, "max_model_len", None), engines, engine_args, by_engine)
     modes = ("latency", "throughput") if args.mode == "both" else (args.mode,)
     if args.concurrency and args.mode == "latency":
         raise UsageError("--concurrency applies to throughput mode; use --mode throughput or both")
@@ -148,6 +150,7 @@ def build_plan(
         workload=args.dataset.workload,
         dtype=args.dtype,
         device=args.device,
+        max_model_len=getattr(args, "max_model_len", None),
         engine_args=engine_args,
         engine_args_by_engine=by_engine,
         options=options,

@@ -11,7 +11,7 @@ from dataclasses import replace
 from engines.base import EngineConfig, Request, engine_class
 from harness.cli.engine_args import describe
 from harness.cli.options import UsageError
-from harness.run.memory import Device, Sizes, detect_device, plan_memory
+from harness.run.memory import Device, Sizes, detect_device, longest_fit, plan_memory
 from harness.run.model_size import ModelSize, gib, resolve_dtype
 from harness.run.plan import RunPlan
 from harness.run.preview import DoesNotFit, Preview, check_fit, preview, with_fractions
@@ -88,6 +88,9 @@ def render(view: Preview, plan: RunPlan) -> str:
     lines += [f"  {line}" for line in view.device_defaults]
     by_engine = plan.engine_args_by_engine
     lines.append(f"  engine args: {describe(by_engine, plan.engine_args)}")
+    if plan.max_model_len is not None:
+        takers = [e for e in plan.engines if "max_model_len" in plan.args_for(e)]
+        lines.append(f"  --max-model-len {plan.max_model_len}: {', '.join(takers)}")
     lines.append(
         f"  design: {view.design}; engines built per block: {view.builds_per_block} "
         f"({sum(view.builds_per_block)} in all)"
@@ -144,13 +147,15 @@ def tune_fraction(plan: RunPlan, configs: Sequence[EngineConfig], alive: int) ->
     one = plan_memory([("x", c) for c in configs], device, dtype, False, 1, 1024, sizes)
     largest = configs[max(range(len(configs)), key=lambda i: one.lanes[i].need_bytes)]
     lanes = [(f"engine {i + 1}", largest) for i in range(alive)]
-    mem = plan_memory(lanes, device, dtype, True, max(plan.concurrency or (1,)), 1024, sizes)
+    batch = max(plan.concurrency or (1,))
+    mem = plan_memory(lanes, device, dtype, True, batch, 1024, sizes)
     if not mem.fits:
+        shorter = longest_fit(lanes, device, dtype, True, batch, 1024, sizes)
+        fix = f", or --max-model-len {shorter[0]} ({gib(shorter[1].peak_bytes)})" if shorter else ""
         raise UsageError(
             f"tune: {alive} engines alive at once need {gib(mem.peak_bytes)}; {device.name} has "
             f"{gib(device.total_bytes * 0.9)} usable; change: fewer --tune-k values or methods "
-            "(--spec METHOD), or a smaller max_model_len (--engine-args "
-            "vllm='{\"max_model_len\": 8192}')"
+            f"(--spec METHOD){fix}"
         )
     fractions = [m.memory_fraction for m in mem.lanes if m.memory_fraction]
     return min(fractions) if fractions else None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engines.base import EngineConfig, engine_class
@@ -233,8 +233,43 @@ def _shares(out: MemoryPlan) -> None:
         lane.kv_bytes = lane.budget_bytes - lane.weights_bytes - lane.overhead_bytes
 
 
-def advice(out: MemoryPlan, sequential: MemoryPlan | None) -> str:
-    """One line: what the plan needs, what the device has, and what to change."""
+def longest_fit(
+    lanes: Sequence[tuple[str, EngineConfig]],
+    device: Device,
+    dtype: str,
+    coexist: bool,
+    max_batch: int,
+    max_tokens: int,
+    sizes: Sizes | None = None,
+) -> tuple[int, MemoryPlan] | None:
+    """The largest ``--max-model-len`` (a power of two from 65536 down, shorter than what the
+    vLLM lanes have now and at least ``max_tokens``, the longest request) at which the plan
+    fits, with that plan; None when no such length fits (or no lane is vLLM's)."""
+    sizes = sizes or Sizes()
+    now = plan_memory(lanes, device, dtype, coexist, max_batch, max_tokens, sizes)
+    current = [m.max_model_len for m in now.lanes if m.holds == "budget" and m.max_model_len]
+    for n in (2**k for k in range(16, 9, -1)):
+        if not current or n >= max(current) or n < max_tokens:
+            continue
+        shorter = [(name, with_max_model_len(cfg, n)) for name, cfg in lanes]
+        plan = plan_memory(shorter, device, dtype, coexist, max_batch, max_tokens, sizes)
+        if plan.fits:
+            return n, plan
+    return None
+
+
+def with_max_model_len(cfg: EngineConfig, n: int) -> EngineConfig:
+    """``cfg`` as ``--max-model-len n`` makes it (vLLM's lanes; the others unchanged)."""
+    if engine_class(cfg.engine).capabilities.device_memory != "budget":
+        return cfg
+    return replace(cfg, engine_args={**cfg.engine_args, "max_model_len": n})
+
+
+def advice(
+    out: MemoryPlan, sequential: MemoryPlan | None, shorter: tuple[int, MemoryPlan] | None = None
+) -> str:
+    """One line: what the plan needs, what the device has, and what to change (``shorter``:
+    the --max-model-len that fits, from :func:`longest_fit`)."""
     usable = int(out.device.total_bytes * USABLE)
     head = (
         f"memory: {len(out.lanes)} lanes alive at once need {gib(out.peak_bytes)}"
@@ -250,12 +285,11 @@ def advice(out: MemoryPlan, sequential: MemoryPlan | None) -> str:
         fixes.append(f"--sequential (one lane at a time: {gib(sequential.peak_bytes)})")
     if len(out.lanes) > 1:
         fixes.append("fewer variants (--spec METHOD, one --engine)")
-    longest = [lane.max_model_len for lane in out.lanes if lane.holds == "budget"]
-    if any(longest):
-        n = min(n for n in longest if n)
+    if shorter is not None:
+        n, plan = shorter
         fixes.append(
-            "a smaller max_model_len (--engine-args "
-            f"vllm='{{\"max_model_len\": {max(1024, min(n // 4, 8192))}}}')"
+            f"--max-model-len {n} (a vLLM request's prompt + output at most {n} tokens: "
+            f"{gib(plan.peak_bytes)})"
         )
     fixes.append("a smaller --dtype or model")
     return head + "; change: " + ", or ".join(fixes)

@@ -7,7 +7,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engines.base import SPEC_METHODS, EngineConfig, EngineError, Request, speculative_config
+from engines.base import (
+    SPEC_METHODS,
+    EngineConfig,
+    EngineError,
+    Request,
+    engine_class,
+    speculative_config,
+)
 from harness.core.design import AA_LABEL
 from harness.core.load import Concurrent, LoadStrategy, Poisson, Synchronous
 from harness.core.replay import TraceReplay
@@ -67,6 +74,7 @@ class RunPlan:
     # global ones for every engine (harness.cli.engine_args)
     engine_args_by_engine: Mapping[str, Mapping[str, Any]] | None = None
     resolved_dtype: str | None = None  # --dtype resolved once for every engine (model_size)
+    max_model_len: int | None = None  # --max-model-len: each engine's that takes it (args_for)
     options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # engine -> options
     prefix_cache: str = "reset"  # harness.core.design.PREFIX_CACHE_POLICIES
     aa: bool = False  # A/A: the baseline twice (AA_LABEL), compared as usual
@@ -172,9 +180,17 @@ class RunPlan:
         return out
 
     def args_for(self, engine: str) -> Mapping[str, Any]:
-        if self.engine_args_by_engine is None:
-            return self.engine_args
-        return self.engine_args_by_engine.get(engine, {})
+        """The engine's arguments: the global ones (or its own) and ``max_model_len`` where its
+        ``run_flags`` take --max-model-len (the vLLM engines; HF's KV cache holds what each
+        request needs)."""
+        given = (
+            self.engine_args
+            if self.engine_args_by_engine is None
+            else self.engine_args_by_engine.get(engine, {})
+        )
+        if self.max_model_len is None or "max_model_len" not in engine_class(engine).run_flags:
+            return given
+        return {**given, "max_model_len": self.max_model_len}
 
     # ---- points --------------------------------------------------------------------------------
     def strategies(self, mode: str) -> list[LoadStrategy]:
@@ -190,7 +206,9 @@ class RunPlan:
             from harness.core.ramp import Ramp
 
             start, end = float(self.ramp_up_start_rps or 0.0), float(self.ramp_up_end_rps or 0.0)
-            return [Ramp(self.ramp_up_strategy, start, end, self.burstiness, self.seed, c) for c in caps]
+            return [
+                Ramp(self.ramp_up_strategy, start, end, self.burstiness, self.seed, c) for c in caps
+            ]
         if self.request_rates:
             for rate in self.request_rates:
                 for cap in caps:

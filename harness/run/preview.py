@@ -14,7 +14,15 @@ from engines.base import REGISTRY, EngineConfig, Request, engine_class, speculat
 from harness.core.design import ONE, PER_BLOCK
 from harness.run.hub import hub_status, is_hub_id
 from harness.run.lanes import Lane, unsupported_method
-from harness.run.memory import Device, MemoryPlan, Sizes, advice, companion, plan_memory
+from harness.run.memory import (
+    Device,
+    MemoryPlan,
+    Sizes,
+    advice,
+    companion,
+    longest_fit,
+    plan_memory,
+)
 from harness.run.model_size import ModelSize
 from harness.run.plan import EAGLE, Point, RunPlan
 
@@ -145,16 +153,13 @@ def preview(
         out.requests += n_req
         out.new_tokens += n_req * max_new
         out.lanes.append(entry)
-    memory = plan_memory(
-        [(lane.name, lane.config) for lane in built], device, out.dtype, coexist, batch,
-        (longest_prompt or 1024) + max_new, sizes,
-    )  # fmt: skip
+    sized = [(lane.name, lane.config) for lane in built]
+    longest = (longest_prompt or 1024) + max_new
+    memory = plan_memory(sized, device, out.dtype, coexist, batch, longest, sizes)
     if not memory.fits:
-        alone = plan_memory(
-            [(lane.name, lane.config) for lane in built], device, out.dtype, False, batch,
-            (longest_prompt or 1024) + max_new, sizes,
-        )  # fmt: skip
-        memory.advice = advice(memory, alone if coexist else None)
+        alone = plan_memory(sized, device, out.dtype, False, batch, longest, sizes)
+        shorter = longest_fit(sized, device, out.dtype, coexist, batch, longest, sizes)
+        memory.advice = advice(memory, alone if coexist else None, shorter)
     out.memory = memory
     names = [n for lane in built for n in (lane.config.model, companion(lane.config))]
     out.downloads = [hub_status(n) for n in dict.fromkeys(names) if n and is_hub_id(n)]
