@@ -9,6 +9,11 @@ config.json values written to directories with no weights (nothing loads in a dr
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -242,3 +247,57 @@ def test_a_run_records_its_plan_and_the_variants_not_run(tmp_path, tiny_pair, ca
     assert [n["name"] for n in skipped] == ["hf/eagle3"]
     assert "hf has no eagle3" in skipped[0]["status"] and "vllm" in skipped[0]["how"]
     assert "## Variants not run" in (out / "summary.md").read_text()
+
+
+@pytest.fixture
+def silent_hub() -> Iterator[socket.socket]:
+    """A hub endpoint that never answers: a real socket listening on 127.0.0.1 that accepts no
+    connection (the kernel completes each handshake; nothing is read, nothing sent back)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+        yield s
+
+
+def harness_against(hub: socket.socket, tmp_path: Path, *argv: str, **env: str) -> Any:
+    """``python -m harness`` in a fresh process (huggingface_hub reads HF_ENDPOINT on import)
+    with an empty HF cache and ``hub`` as the endpoint; the guard is pytest's, generous."""
+    root = Path(__file__).resolve().parents[1]
+    clean = {
+        k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    }
+    clean |= {"HF_ENDPOINT": f"http://127.0.0.1:{hub.getsockname()[1]}", "HF_HOME": str(tmp_path / "hf"),
+              "PYTHONPATH": str(root), **env}  # fmt: skip
+    cmd = [sys.executable, "-m", "harness", "--engine", "hf", "--model", HUB_ID, "--quiet", *argv]
+    return subprocess.run(cmd, env=clean, capture_output=True, text=True, timeout=120, cwd=root)
+
+
+HUB_ID = "no-such-org/no-such-model-26"
+
+
+@pytest.mark.parametrize(
+    "dataset",
+    [("--workload", "tiny", "--num-prompts", "1", "--mode", "latency"),
+     ("--dataset-name", "random", "--random-input-len", "8", "--num-prompts", "2")],
+    ids=["run", "tokenizer of a synthetic dataset"],
+)  # fmt: skip
+def test_a_hub_that_never_answers_stops_the_run_in_one_line(silent_hub, tmp_path, dataset):
+    """huggingface_hub retries an unanswered request for minutes; the harness waits 10 s for
+    the config.json it reads before loading (the memory plan's, a synthetic dataset's probe)."""
+    done = harness_against(silent_hub, tmp_path, *dataset, "--output-dir", str(tmp_path / "o"))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: {HUB_ID}: config.json not readable (hub not reachable in 10 s; offline? set "
+        "HF_HUB_OFFLINE=1 or pass a local path)"
+    ]
+
+
+def test_offline_reads_the_hf_cache_only(silent_hub, tmp_path) -> None:
+    done = harness_against(silent_hub, tmp_path, "--workload", "tiny", "--dry-run",
+                           HF_HUB_OFFLINE="1")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "not in the HF cache and HF_HUB_OFFLINE=1: it cannot load" in done.stdout
+    assert "memory: not checked, a size is unknown" in done.stdout
+    silent_hub.setblocking(False)
+    with pytest.raises(BlockingIOError):  # nothing ever connected to the hub
+        silent_hub.accept()

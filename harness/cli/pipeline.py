@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engines.base import EngineConfig, engine_class
+from harness.cli.options import UsageError
 from harness.cli.plan_flags import (
     build_plan,
     load_dataset,
@@ -54,10 +55,27 @@ def prepare(args: argparse.Namespace) -> Prepared:
     if needs_local_models(plan, synthetic, args.model_named):
         plan = resolve_models(plan)
     if workload is None:  # made with the target's tokenizer
+        hub_answers(plan.tokenizer or plan.model)
         workload = load_dataset(args, plan.model)
     plan = replace(plan, workload_fingerprint=workload.fingerprint)
     plan = with_workload(plan, workload, args)  # a replay's schedule, a conversation run
     return Prepared(plan, workload, out)
+
+
+def hub_answers(name: str) -> None:
+    """Before a hub id's tokenizer loads: one line (UsageError) when the hub does not answer
+    within ``hub.HUB_TIMEOUT_S`` (transformers would wait out huggingface_hub's retries); its
+    config.json (the memory plan's, fetched once into the HF cache) is the probe."""
+    from harness.run.hub import is_hub_id
+    from harness.run.model_size import ConfigUnavailable, read_config
+
+    if not is_hub_id(name):
+        return
+    try:
+        read_config(name)
+    except ConfigUnavailable as exc:
+        if exc.fatal:
+            raise UsageError(str(exc)) from None
 
 
 def with_log(label: str, config: EngineConfig, out: Path) -> EngineConfig:

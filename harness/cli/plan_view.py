@@ -30,9 +30,17 @@ def resolve_device_and_dtype(plan: RunPlan, sizes: Sizes) -> tuple[RunPlan, Devi
         return plan, NO_DEVICE, "no local engine: each server's own"
     device = detect_device(plan.device)
     size = sizes.get(plan.model)
+    stop_if_unloadable(sizes)
     config_dtype = size.config_dtype if isinstance(size, ModelSize) else None
     dtype, why = resolve_dtype(plan.dtype, config_dtype, device.on_cuda)
     return replace(plan, resolved_dtype=dtype), device, why
+
+
+def stop_if_unloadable(sizes: Sizes) -> None:
+    """A model whose config.json the hub did not answer for cannot load either (its download
+    would wait out huggingface_hub's retries): stop here, in one line (UsageError)."""
+    if sizes.fatal:
+        raise UsageError(sizes.fatal[0])
 
 
 def plan_before_loading(
@@ -50,6 +58,7 @@ def plan_before_loading(
     that cannot fit stops here (UsageError, one line); the configs with their memory shares."""
     view = preview(plan, configs, requests, device, dtype_why, engine_methods, sizes)
     view.device_defaults = list(said)
+    stop_if_unloadable(sizes)  # a draft's or head's config: the target's was read before
     if dry_run:
         print(render(view, plan), file=sys.stdout)
     elif plan.progress:
@@ -149,6 +158,7 @@ def tune_fraction(plan: RunPlan, configs: Sequence[EngineConfig], alive: int) ->
     lanes = [(f"engine {i + 1}", largest) for i in range(alive)]
     batch = max(plan.concurrency or (1,))
     mem = plan_memory(lanes, device, dtype, True, batch, 1024, sizes)
+    stop_if_unloadable(sizes)
     if not mem.fits:
         shorter = longest_fit(lanes, device, dtype, True, batch, 1024, sizes)
         fix = f", or --max-model-len {shorter[0]} ({gib(shorter[1].peak_bytes)})" if shorter else ""

@@ -115,6 +115,7 @@ class Sizes:
 
     def __init__(self) -> None:
         self._seen: dict[str, ModelSize | str] = {}
+        self.fatal: list[str] = []  # why a model cannot load either (the hub did not answer)
 
     def get(self, name: str | None) -> ModelSize | str | None:
         """The size, or why it is unknown, or None for no model."""
@@ -125,6 +126,8 @@ class Sizes:
                 self._seen[name] = model_size(name, read_config(name))
             except ConfigUnavailable as exc:
                 self._seen[name] = str(exc)
+                if exc.fatal:
+                    self.fatal.append(str(exc))
             except (KeyError, ValueError, TypeError) as exc:
                 self._seen[name] = f"{name}: config.json lacks {exc}"
         return self._seen[name]

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.run.hub import HUB_TIMEOUT_S, UNREACHABLE_HOW, HubUnreachable, offline, with_deadline
+
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 # --dtype auto on CUDA when the config stores float32 (or nothing): half precision, as vLLM's
 # auto does; one value for every engine of the run (HF's own auto would pick float16)
@@ -18,7 +20,12 @@ CPU_DTYPE = "float32"  # --dtype auto on CPU: what both engines ran before a dty
 
 
 class ConfigUnavailable(LookupError):
-    """No config.json to read (a hub id offline and not in the HF cache)."""
+    """No config.json to read (a hub id offline and not in the HF cache, a hub that does not
+    answer). ``fatal``: the model cannot load either (the hub did not answer): the run stops."""
+
+    def __init__(self, message: str, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.fatal = fatal
 
 
 @dataclass(frozen=True)
@@ -47,29 +54,41 @@ class ModelSize:
 
 
 def read_config(name: str) -> dict[str, Any]:
-    """config.json of a local directory, else of a hub id from the HF cache (or fetched alone:
-    a few kB, no weights); raises :class:`ConfigUnavailable`."""
+    """config.json of a local directory, else of a hub id from the HF cache, else fetched alone
+    (a few kB, no weights; not under ``HF_HUB_OFFLINE``), waited for at most
+    ``hub.HUB_TIMEOUT_S``; raises :class:`ConfigUnavailable`."""
     path = Path(name).expanduser()
     if path.is_dir():
         file = path / "config.json"
         if not file.exists():
             raise ConfigUnavailable(f"{name}: no config.json")
         return json.loads(file.read_text(encoding="utf-8"))
+    unreadable = f"{name}: config.json not readable"
     try:
         from huggingface_hub import hf_hub_download
 
         try:
             got = hf_hub_download(name, "config.json", local_files_only=True)
         except Exception:  # noqa: BLE001 - not cached: fetch the config alone
-            got = hf_hub_download(name, "config.json")
-    except Exception as exc:  # noqa: BLE001 - offline, gated without HF_TOKEN, no such repo
+            if offline():
+                raise ConfigUnavailable(
+                    f"{unreadable} (HF_HUB_OFFLINE=1 and not in the HF cache)"
+                ) from None
+            got = with_deadline(
+                lambda: hf_hub_download(name, "config.json", etag_timeout=HUB_TIMEOUT_S)
+            )
+    except ConfigUnavailable:
+        raise
+    except HubUnreachable as exc:
+        raise ConfigUnavailable(f"{unreadable} ({exc}; {UNREACHABLE_HOW})", fatal=True) from None
+    except Exception as exc:  # noqa: BLE001 - gated without HF_TOKEN, no such repo
         text = str(exc)
         first = type(exc).__name__ if not text else text.splitlines()[0][:100]
         if "local cache" in text or "offline" in text.lower():
             first = "offline and not in the HF cache"
         elif "401" in text or "403" in text or "gated" in text.lower():
             first = "gated: set HF_TOKEN to a token with access"
-        raise ConfigUnavailable(f"{name}: config.json not readable ({first})") from None
+        raise ConfigUnavailable(f"{unreadable} ({first})") from None
     return json.loads(Path(got).read_text(encoding="utf-8"))
 
 
