@@ -112,3 +112,29 @@ def test_resume_takes_a_shipped_name_and_its_directory_as_one_model(tmp_path) ->
     check_resume(plan({"model": "embedded", "options": {"openai": {}}}), tmp_path)  # no error
     with pytest.raises(UsageError, match="model="):
         check_resume(plan({"model": "tiny", "options": {"openai": {}}}), tmp_path)
+
+
+@pytest.mark.slow
+def test_a_journal_from_before_resolved_dtype_resumes(tmp_path: Path, tiny_pair, capsys) -> None:
+    """Journals are public: one written before ``resolved_dtype`` (and ``max_model_len``) were
+    recorded is read as its ``dtype`` resolves now (float32 on CPU, what it loaded) and resumes;
+    another --dtype is still another setting."""
+    out = tmp_path / "run"
+    assert main([*RUN, "--repeats", "1", "--output-dir", str(out)]) == 0
+    path = out / "journal.jsonl"
+    first, *rest = path.read_text().splitlines(keepends=True)
+    entry = json.loads(first)
+    assert entry["kind"] == "config" and entry["config"]["resolved_dtype"] == "float32"
+    for key in ("resolved_dtype", "max_model_len"):  # the old form: the keys are absent
+        del entry["config"][key]
+    path.write_text(json.dumps(entry) + "\n" + "".join(rest))
+    capsys.readouterr()
+
+    assert main([*RUN, "--repeats", "1", "--resume", str(out), "--dtype", "bfloat16"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "with dtype=auto, resolved_dtype=float32, this run asks dtype=bfloat16" in err, err
+    assert main([*RUN, "--repeats", "2", "--resume", str(out)]) == 0, capsys.readouterr().err
+    res = json.loads((out / "results.json").read_text())
+    assert res["status"] == "complete" and sorted(r["repeat"] for r in res["runs"]) == [0, 1]
+    assert res["config"]["resolved_dtype"] == "float32"
+    assert "resolved_dtype" not in path.read_text().splitlines()[0]  # read, never rewritten

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 
-from engines.base import EngineConfig, Request, engine_class
+from engines.base import REGISTRY, EngineConfig, Request, engine_class
 from harness.cli.engine_args import describe
 from harness.cli.options import UsageError
 from harness.run.memory import Device, Sizes, detect_device, longest_fit, plan_memory
@@ -17,6 +17,7 @@ from harness.run.plan import RunPlan
 from harness.run.preview import DoesNotFit, Preview, check_fit, preview, with_fractions
 
 NO_DEVICE = Device("none", "no local engine", 0)
+NO_LOCAL = "no local engine: each server's own"
 
 
 def local_engines(plan: RunPlan) -> bool:
@@ -27,13 +28,24 @@ def local_engines(plan: RunPlan) -> bool:
 def resolve_device_and_dtype(plan: RunPlan, sizes: Sizes) -> tuple[RunPlan, Device, str]:
     """(plan with ``resolved_dtype``, the device, why that dtype): one dtype for every engine."""
     if not local_engines(plan):
-        return plan, NO_DEVICE, "no local engine: each server's own"
+        return plan, NO_DEVICE, NO_LOCAL
     device = detect_device(plan.device)
-    size = sizes.get(plan.model)
+    dtype, why = dtype_for(plan.engines, plan.model, plan.dtype, device, sizes)
+    return replace(plan, resolved_dtype=dtype), device, why
+
+
+def dtype_for(
+    engines: Sequence[str], model: str, flag: str, device: Device, sizes: Sizes
+) -> tuple[str | None, str]:
+    """(the one dtype, why) of a run of ``engines`` on ``model`` with ``--dtype flag`` on
+    ``device``; None where no engine holds a model here. Also what a journal written before
+    ``resolved_dtype`` was recorded resolves to (``preflight.check_resume``)."""
+    if not any(e in REGISTRY and engine_class(e).capabilities.device_memory for e in engines):
+        return None, NO_LOCAL
+    size = sizes.get(model)
     stop_if_unloadable(sizes)
     config_dtype = size.config_dtype if isinstance(size, ModelSize) else None
-    dtype, why = resolve_dtype(plan.dtype, config_dtype, device.on_cuda)
-    return replace(plan, resolved_dtype=dtype), device, why
+    return resolve_dtype(flag, config_dtype, device.on_cuda)
 
 
 def stop_if_unloadable(sizes: Sizes) -> None:

@@ -15,6 +15,7 @@ from harness.cli.options import UsageError
 from harness.run.plan import RunPlan
 
 if TYPE_CHECKING:
+    from harness.run.memory import Device, Sizes
     from workloads.base import Request
 
 
@@ -110,10 +111,16 @@ def validate_configs(plan: RunPlan, configs: list[tuple[str, EngineConfig]]) -> 
             engine_class(config.engine).validate(config)
 
 
-def check_resume(plan: RunPlan, out: Path) -> None:
+def check_resume(
+    plan: RunPlan, out: Path, device: Device | None = None, sizes: Sizes | None = None
+) -> None:
     """``--resume`` continues a run only with the settings it was recorded with: a journal of
-    another temperature, model, prompt set, ... would merge runs that are not comparable."""
+    another temperature, model, prompt set, ... would merge runs that are not comparable. A
+    journal written before ``resolved_dtype`` was recorded gets it as its ``dtype`` resolves
+    now (on ``device``, the run's: float32 on CPU, what those runs loaded)."""
+    from harness.cli.plan_view import NO_DEVICE, dtype_for
     from harness.run.journal import recorded_config
+    from harness.run.memory import Sizes
     from harness.run.plan import config_differences, lookup
 
     if not plan.resume:
@@ -125,6 +132,13 @@ def check_resume(plan: RunPlan, out: Path) -> None:
             f"resume: journal {path} records no config (written by an older harness), so it "
             "cannot be checked; start a new --output-dir"
         )
+    if "resolved_dtype" not in recorded:  # the old form: read, never rewritten
+        old = _as_paths(recorded)
+        engines, model, flag = old.get("engines") or (), str(old.get("model")), old.get("dtype")
+        dtype = dtype_for(
+            engines, model, str(flag or "auto"), device or NO_DEVICE, sizes or Sizes()
+        )
+        recorded = {**recorded, "resolved_dtype": dtype[0]}
     asked = plan.to_json()
     keys = config_differences(_as_paths(recorded), _as_paths(asked))
     if keys:

@@ -50,7 +50,7 @@ def run_main(args: argparse.Namespace) -> int:
         sizes = Sizes()  # each model's config.json read once (harness.run.memory)
         plan, device, dtype_why = resolve_device_and_dtype(plan, sizes)
         if not args.dry_run:
-            check_resume(plan, out)
+            check_resume(plan, out, device, sizes)
         configs = variant_servers(plan.engine_configs(engine_methods(plan)))
         check_models(plan)
         check_endpoint(configs, workload.requests)
