@@ -58,5 +58,11 @@ def test_tune_engines_share_a_modelled_gpu_or_stop_in_one_line(tmp_path, monkeyp
     need = 2 * 8.03e9 + 8192 * 128 * 1024 + 2 * 2**30  # weights, one 8192-token request, overhead
     assert f * gpu.total_bytes >= need
     full = [EngineConfig("vllm", str(tmp_path))]  # 131072 tokens of KV each: 8 cannot fit
-    with pytest.raises(UsageError, match="tune: 8 engines alive at once need"):
+    with pytest.raises(UsageError, match="tune: 8 engines alive at once need") as eight:
         tune_fraction(plan, full, alive=8)
+    assert "--max-model-len" not in str(eight.value)  # 8 x 15 GiB of weights: no length fits
+    with pytest.raises(UsageError, match=r"or --max-model-len 32768 \(") as three:
+        tune_fraction(plan, full, alive=3)  # the longest length at which three fit
+    assert "\n" not in str(three.value)
+    fits = [EngineConfig("vllm", str(tmp_path), engine_args={"max_model_len": 32768})]
+    assert tune_fraction(plan, fits, alive=3) is not None
