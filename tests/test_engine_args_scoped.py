@@ -84,6 +84,8 @@ def test_max_model_len_reaches_every_vllm_engine_and_no_other(tiny_pair) -> None
          "--max-model-len 512 and --engine-args max_model_len=256 (vllm): one setting given twice"),
         (["--engine", "hf,vllm", "--max-model-len", "512", "--engine-args",
           'vllm={"max_model_len": 256}'], "--engine-args max_model_len=256 (vllm)"),
+        (["--engine", "vllm", "--max-model-len", "64", "--max-new-tokens", "64"],
+         "--max-new-tokens: 64 does not fit --max-model-len 64 (a vLLM request's prompt + output)"),
         (["--engine", "hf", "--max-model-len", "512"],
          "--max-model-len is for --engine vllm or vllm-server (vLLM's max_model_len); --engine hf"),
     ],

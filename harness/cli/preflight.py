@@ -34,6 +34,13 @@ def _model_config(path: str | None) -> dict[str, Any] | None:
 
 def check_models(plan: RunPlan) -> None:
     """Cheap checks of local models before anything loads: lengths and shared vocabularies."""
+    cap = plan.max_model_len
+    for n in plan.max_new_tokens:
+        if cap is not None and n >= cap:  # every vLLM request would fail
+            raise UsageError(
+                f"--max-new-tokens: {n} does not fit --max-model-len {cap} (a vLLM request's "
+                "prompt + output)"
+            )
     target = _model_config(plan.model)
     if target is None:
         return
