@@ -27,9 +27,9 @@ import pytest
 
 from harness.analysis.paired import compare_groups
 from harness.analysis.stats import MIN_REPEATS, log_ratio_ci, verdicts
-from harness.cli.stop_flags import DEFAULT_REPEATS
 from harness.core.records import RequestRecord
 from harness.core.results import Cell, Run
+from harness.flags.stop import DEFAULT_REPEATS
 
 PROMPTS = 16
 TOKENS = 64

@@ -326,8 +326,8 @@ def test_help_states_the_defaults_the_plan_uses():
     """--help's defaults are the constants build_plan applies (it once said 64 for 32)."""
     import re
 
-    from harness.cli.flags import build_parser
-    from harness.cli.plan_flags import DEFAULT_CONCURRENCY, DEFAULT_MAX_NEW_TOKENS, build_plan
+    from harness.flags.parser import build_parser
+    from harness.flags.plan import DEFAULT_CONCURRENCY, DEFAULT_MAX_NEW_TOKENS, build_plan
 
     text = " ".join(build_parser().format_help().split())
     assert re.search(
@@ -340,9 +340,9 @@ def test_help_states_the_defaults_the_plan_uses():
 
 
 def test_vllm_bench_names_mean_the_same():
-    from harness.cli.flags import build_parser
-    from harness.cli.options import goodput as _goodput
-    from harness.cli.plan_flags import resolve_dataset
+    from harness.flags.options import goodput as _goodput
+    from harness.flags.parser import build_parser
+    from harness.flags.plan import resolve_dataset
 
     args = build_parser().parse_args(
         [
@@ -388,7 +388,7 @@ def test_vllm_bench_names_mean_the_same():
 
 
 def test_vllm_style_base_url_is_the_server_root():
-    from harness.cli.vllm_flags import api_root
+    from harness.flags.vllm_bench import api_root
 
     assert api_root("http://127.0.0.1:8000") == "http://127.0.0.1:8000/v1"
     assert api_root("http://127.0.0.1:8000/") == "http://127.0.0.1:8000/v1"

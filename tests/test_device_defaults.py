@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from harness.cli.device_defaults import follow_device
-from harness.cli.flags import build_parser
 from harness.cli.main import main
-from harness.cli.plan_flags import build_plan, model_names
+from harness.flags.parser import build_parser
+from harness.flags.plan import build_plan, model_names
 from harness.run.memory import Device
 
 CPU = Device("cpu", "host memory", 24 * 2**30)

@@ -43,8 +43,8 @@ def harness_commands(text: str) -> list[list[str]]:
 
 def check_command(args: list[str]) -> None:
     """Parse ``args`` as the harness would; PENDING flags (and their values) are set aside."""
-    from harness.cli.flags import build_parser
     from harness.cli.tune_command import parser as tune_parser
+    from harness.flags.parser import build_parser
 
     if args[:1] and args[0] in SUBCOMMANDS:
         return  # their parsers are built inside the subcommand; the name is what can go stale
@@ -169,7 +169,7 @@ def entries(text: str) -> dict[str, str]:
 
 
 def test_help_is_short_and_every_default_is_shown():
-    from harness.cli.flags import build_parser
+    from harness.flags.parser import build_parser
 
     short = run_help("--help")
     assert len(short.splitlines()) <= 150, len(short.splitlines())
@@ -195,8 +195,8 @@ def test_tune_help_shows_only_what_tune_uses():
 
 
 def test_one_list_syntax_spaces_or_commas():
-    from harness.cli.flags import build_parser
-    from harness.cli.options import UsageError
+    from harness.flags.options import UsageError
+    from harness.flags.parser import build_parser
 
     p = build_parser()
     a = p.parse_args(["--concurrency", "1,4", "16", "--engine", "hf", "vllm", "--spec"])
@@ -205,7 +205,7 @@ def test_one_list_syntax_spaces_or_commas():
     assert b.spec == "ngram,draft_model" and b.metadata == [("note", "a,b")]
     c = p.parse_args(["--percentile-metrics", "ttft", "tpot", "--metric-percentiles", "50,99.9"])
     assert c.percentile_metrics == ("ttft", "tpot") and c.metric_percentiles == (50.0, 99.9)
-    from harness.cli.options import split_top
+    from harness.flags.options import split_top
 
     assert split_top('vllm={"a": 1, "b": [2, 3]},hf={"c": "x,y"}') == [
         'vllm={"a": 1, "b": [2, 3]}',

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.cli.flags import build_parser
 from harness.cli.main import main
-from harness.cli.plan_flags import build_plan, model_names
+from harness.flags.parser import build_parser
+from harness.flags.plan import build_plan, model_names
 
 
 def plan_of(*argv: str):

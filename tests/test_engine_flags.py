@@ -9,9 +9,9 @@ from typing import Any, ClassVar
 import pytest
 
 from engines.base import REGISTRY, EngineConfig, engine_class
-from harness.cli.flags import build_parser
-from harness.cli.plan_flags import build_plan
 from harness.cli.preflight import engine_methods, variant_servers
+from harness.flags.parser import build_parser
+from harness.flags.plan import build_plan
 from tests.clock import ScriptedEngine
 
 
@@ -52,7 +52,7 @@ def test_a_new_engine_takes_its_flags_through_the_registry(toy: None) -> None:
 
 
 def test_base_url_for_no_engine_of_the_run_names_the_engines_that_take_one(toy: None) -> None:
-    from harness.cli.options import UsageError
+    from harness.flags.options import UsageError
 
     with pytest.raises(
         UsageError, match=r"--base-url is for --engine (openai or toy-http|toy-http or openai)"

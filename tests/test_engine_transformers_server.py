@@ -157,8 +157,8 @@ def test_argv_and_validation(tiny_pair: tuple[str, str]) -> None:
 
 def test_cli_gives_managed_servers_their_options(tmp_path) -> None:
     from engines.openai_options import ignore_eos_unsent
-    from harness.cli.flags import build_parser
-    from harness.cli.plan_flags import build_plan
+    from harness.flags.parser import build_parser
+    from harness.flags.plan import build_plan
 
     engines = "vllm-server,transformers-server-cb"
     extra = ("--ignore-eos", "--extra-body", '{"top_k": 1}')

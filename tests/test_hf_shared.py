@@ -9,9 +9,9 @@ import asyncio
 from typing import Any
 
 from engines import hf_models
-from harness.cli.flags import build_parser
-from harness.cli.plan_flags import build_plan, model_names
 from harness.cli.preflight import engine_methods
+from harness.flags.parser import build_parser
+from harness.flags.plan import build_plan, model_names
 from harness.run.session import Session
 from workloads import load_workload
 

@@ -15,10 +15,10 @@ import pytest
 from engines import base as engines_base
 from engines.base import Capabilities, Chunk, EngineConfig, EngineError, GenParams, Request
 from harness.analysis.paired import comparisons
-from harness.cli.flags import build_parser
-from harness.cli.options import UsageError
-from harness.cli.plan_flags import build_plan
 from harness.core.design import ONE, PER_BLOCK, build_order, build_orders, lane_order
+from harness.flags.options import UsageError
+from harness.flags.parser import build_parser
+from harness.flags.plan import build_plan
 from harness.run.session import Lane, Session
 from tests.clock import FakeClock, ScriptedEngine
 from tests.test_design import _plan

@@ -35,9 +35,9 @@ from engines.base import (
     Request,
     new_tokens,
 )
-from harness.cli.flags import build_parser
 from harness.cli.pipeline import prepare
-from harness.cli.plan_flags import DEFAULT_MAX_NEW_TOKENS
+from harness.flags.parser import build_parser
+from harness.flags.plan import DEFAULT_MAX_NEW_TOKENS
 from harness.run.session import Session
 from tests.fake_server import Behaviour, FakeServer
 

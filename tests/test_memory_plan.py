@@ -149,10 +149,10 @@ def plan_json(models: dict[str, str], *extra: str) -> dict[str, Any]:
     """The preview's JSON, as a run records it (results.json "plan")."""
     import argparse
 
-    from harness.cli.flags import build_parser
-    from harness.cli.plan_flags import build_plan, model_names
     from harness.cli.plan_view import resolve_device_and_dtype
     from harness.cli.preflight import engine_methods
+    from harness.flags.parser import build_parser
+    from harness.flags.plan import build_plan, model_names
     from harness.run.memory import Sizes
     from harness.run.preview import preview
     from workloads import load_workload

@@ -16,8 +16,8 @@ from engines.base import Chunk, EngineConfig, EngineError, GenParams
 from engines.local_model import counting_tokenizer
 from engines.openai import OpenAIEngine
 from engines.openai_server import is_vllm, listed_models, pick_model
-from harness.cli.flags import build_parser
-from harness.cli.plan_flags import build_plan, needs_local_models
+from harness.flags.parser import build_parser
+from harness.flags.plan import build_plan, needs_local_models
 from tests.fake_server import Behaviour, FakeServer, render_metrics
 from tests.test_faults import ServerThread, workload
 from workloads.base import Request

@@ -99,8 +99,8 @@ def test_resume_takes_a_shipped_name_and_its_directory_as_one_model(tmp_path) ->
 
     import pytest
 
-    from harness.cli.options import UsageError
     from harness.cli.preflight import check_resume
+    from harness.flags.options import UsageError
     from harness.models.registry import resolve_model
 
     old = {"model": resolve_model("embedded"), "options": {"openai": {"count_with_model": True}}}

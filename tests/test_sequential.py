@@ -23,10 +23,10 @@ from harness.analysis import sequential
 from harness.analysis.paired import log_speedups
 from harness.analysis.sequential import DEFAULT_CAP, Rule, boundaries, run_to_stop
 from harness.analysis.stats import t975
-from harness.cli.flags import build_parser
-from harness.cli.options import UsageError
-from harness.cli.plan_flags import build_plan
 from harness.core.results import group_runs
+from harness.flags.options import UsageError
+from harness.flags.parser import build_parser
+from harness.flags.plan import build_plan
 from harness.run.session import Session
 from tests.clock import FakeClock
 from tests.test_calibration import simulate

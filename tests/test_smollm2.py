@@ -183,9 +183,9 @@ def test_spec_alone_plans_eagle3_for_every_engine_and_hf_says_unsupported() -> N
     """The plan keeps eagle3 for an engine without EAGLE (HF) so its cells say so."""
     import asyncio
 
-    from harness.cli.flags import build_parser
-    from harness.cli.plan_flags import build_plan
     from harness.cli.preflight import engine_methods
+    from harness.flags.parser import build_parser
+    from harness.flags.plan import build_plan
     from harness.run.session import Session, unsupported_method
     from workloads import load_workload
 

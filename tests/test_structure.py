@@ -124,7 +124,7 @@ ENGINE_NAME = re.compile(r"\b(hf|vllm|openai|vllm-server|vllm_server)\b")
 ENGINE_FREE = (
     "cli/run_command",
     "run/plan",
-    "cli/plan_flags",
+    "flags/plan",
     "cli/preflight",
     "cli/finalize",
     "run/session",

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from engines.base import Chunk, EngineConfig, GenParams, Request
-from harness.cli.flags import build_parser
-from harness.cli.plan_flags import build_plan
+from harness.flags.parser import build_parser
+from harness.flags.plan import build_plan
 from harness.run.session import Session
 from tests.clock import FakeClock, ScriptedEngine
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from harness.cli.plan_flags import build_plan, model_names
 from harness.cli.tune_command import _spec_config, parser
 from harness.cli.tune_variants import tuned_methods
+from harness.flags.plan import build_plan, model_names
 
 VLLM_METHODS = ("draft_model", "ngram", "eagle", "eagle3", "mtp", "suffix")
 
@@ -40,8 +40,8 @@ def test_tune_engines_share_a_modelled_gpu_or_stop_in_one_line(tmp_path, monkeyp
     import pytest
 
     from engines.base import EngineConfig
-    from harness.cli.options import UsageError
     from harness.cli.plan_view import tune_fraction
+    from harness.flags.options import UsageError
     from harness.run.memory import Device
     from tests.test_memory_plan import LLAMA_8B
 

@@ -8,7 +8,7 @@ Run from the project root: ``python -m workloads.make_grounded``.
   files were made with CPython 3.11; another version may give slightly different sources.
 - ``default``: 4 chat prompts for the default run on SmolLM2-135M-Instruct: 2 of Spec-Bench's
   general categories (writing, math) and 2 input-grounded ones (a summary, a code edit),
-  ``DEFAULT_IDS``: 4 x 32 tokens per latency repeat (harness/cli/plan_flags.py), so the main job (4 variants, 2 modes,
+  ``DEFAULT_IDS``: 4 x 32 tokens per latency repeat (harness/flags/plan.py), so the main job (4 variants, 2 modes,
   4 repeats) fits 10 minutes on 2 cores (docs/statistics.md: Power).
 - ``tiny``: 16 short prompts sized for the tiny test pair (a code model): 8 code completions
   (the head of a stdlib function: signature, docstring, first lines; the model continues it),

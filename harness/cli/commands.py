@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.cli.options import Parser, UsageError
 from harness.core.results import SCHEMA_VERSION, with_config
+from harness.flags.options import Parser, UsageError
 from harness.run.journal import atomic_write
 
 

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from harness.cli.options import UsageError
+from harness.flags.options import UsageError
 
 
 class Terminated(BaseException):
@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from harness.cli import commands
 
             return commands.main(argv)
-        from harness.cli.flags import build_parser
+        from harness.flags.parser import build_parser
 
         args = build_parser().parse_args(argv)
         from harness.cli.run_command import run_main

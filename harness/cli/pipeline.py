@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engines.base import EngineConfig, engine_class
-from harness.cli.options import UsageError
-from harness.cli.plan_flags import (
+from harness.cli.preflight import output_dir
+from harness.flags.options import UsageError
+from harness.flags.plan import (
     build_plan,
     load_dataset,
     model_names,
@@ -23,8 +24,7 @@ from harness.cli.plan_flags import (
     resolve_dataset,
     resolve_models,
 )
-from harness.cli.preflight import output_dir
-from harness.cli.workload_flags import with_workload
+from harness.flags.workload import with_workload
 from harness.run.plan import RunPlan
 
 if TYPE_CHECKING:

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from engines.base import REGISTRY, EngineConfig, Request, engine_class
-from harness.cli.engine_args import describe
-from harness.cli.options import UsageError
+from harness.flags.engine_args import describe
+from harness.flags.options import UsageError
 from harness.run.memory import Device, Sizes, detect_device, longest_fit, plan_memory
 from harness.run.model_size import ModelSize, gib, resolve_dtype
 from harness.run.plan import RunPlan

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engines.base import EngineConfig, engine_class
-from harness.cli.options import UsageError
+from harness.flags.options import UsageError
 from harness.run.plan import RunPlan
 
 if TYPE_CHECKING:

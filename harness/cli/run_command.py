@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 from engines.base import EngineConfig, EngineError
 from harness.cli.device_defaults import follow_device
 from harness.cli.finalize import finalize
-from harness.cli.options import UsageError
 from harness.cli.pipeline import prepare, with_log
 from harness.cli.plan_view import plan_before_loading, resolve_device_and_dtype
 from harness.cli.preflight import (
@@ -27,6 +26,7 @@ from harness.cli.preflight import (
     variant_servers,
 )
 from harness.core.results import Run
+from harness.flags.options import UsageError
 from harness.run.journal import Journal, new_session_id, recorded_session, runs_from_journal
 from harness.run.memory import Sizes
 from harness.run.plan import PlanError, RunPlan

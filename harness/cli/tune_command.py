@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from engines.base import REGISTRY, EngineConfig, EngineError, engine_class
-from harness.cli.flags import build_parser
-from harness.cli.help import actions, hide, refuse_given
-from harness.cli.options import UsageError, positive_int
 from harness.cli.tune_variants import spec_config_for
 from harness.core.load import Concurrent
 from harness.core.results import Run
+from harness.flags.help import actions, hide, refuse_given
+from harness.flags.options import UsageError, positive_int
+from harness.flags.parser import build_parser
 from harness.run.lanes import close_lanes
 from harness.run.plan import PlanError, Point, RunPlan
 from harness.tune.budget import FILES_MARGIN_S, TimeBudget, process_start, worst_case

@@ -67,7 +67,7 @@ class Conversations:
     ) -> list[RequestRecord]:
         """Every conversation to its end (or to the first failed turn: its answer is missing);
         conversation i starts at ``strategy.offsets(n)[i]``; records in finishing order."""
-        del duration  # refused for conversations (harness.cli.workload_flags.check)
+        del duration  # refused for conversations (harness.flags.workload.check)
         runner = self.runner
         cap = strategy.max_concurrency
         if cap != 1 and runner.engine.max_batch() == 1:

@@ -71,7 +71,7 @@ class RunPlan:
     device: str = "auto"
     engine_args: Mapping[str, Any] = field(default_factory=dict)
     # engine -> its arguments (the global ones it takes + --engine-args NAME=JSON); None: the
-    # global ones for every engine (harness.cli.engine_args)
+    # global ones for every engine (harness.flags.engine_args)
     engine_args_by_engine: Mapping[str, Mapping[str, Any]] | None = None
     resolved_dtype: str | None = None  # --dtype resolved once for every engine (model_size)
     max_model_len: int | None = None  # --max-model-len: each engine's that takes it (args_for)
@@ -121,7 +121,7 @@ class RunPlan:
     save_vllm_json: bool = False
     result_filename: str | None = None
     resume: bool = False
-    # ---- a trace replay or conversations (harness.cli.workload_flags)
+    # ---- a trace replay or conversations (harness.flags.workload)
     trace_schedule: tuple[float, ...] = ()  # each request's send offset (s, scaled): a replay
     trace: Mapping[str, Any] | None = None  # how the trace was fitted (workloads.trace.TraceSpec)
     conversations: Mapping[str, Any] | None = None  # multi-turn: think_time_s, max_turns
@@ -231,7 +231,7 @@ class RunPlan:
         only length an engine reads: ``engines.base.new_tokens``), decided here and nowhere
         else. The point's length is ``--max-new-tokens`` when given, else the dataset's output
         length (``--random-output-len``, ``--prefix-repetition-output-len``), else the default
-        (``harness.cli.plan_flags.DEFAULT_MAX_NEW_TOKENS``). Without --max-new-tokens
+        (``harness.flags.plan.DEFAULT_MAX_NEW_TOKENS``). Without --max-new-tokens
         (``lengths_from_workload``) a request's own length (a request file's ``max_new_tokens``,
         a synthetic request's sampled output length) wins over the point's; with it, the flag
         wins over every request's own."""

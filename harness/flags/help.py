@@ -17,7 +17,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from harness.cli.options import UsageError
+from harness.flags.options import UsageError
 
 # The flags a first run needs, in the order a newcomer meets them (README: the GPU quick-start).
 FIRST_RUN = (

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from harness.cli.options import UsageError, goodput, positive_float, positive_int
 from harness.core.ramp import RAMP_STRATEGIES
+from harness.flags.options import UsageError, goodput, positive_float, positive_int
 
 
 def add_group(p: argparse.ArgumentParser) -> None:

@@ -12,13 +12,13 @@ from typing import Any
 
 from engines.base import REGISTRY, engine_class
 from engines.local_model import missing_path
-from harness.cli import capacity_flags, workload_flags
-from harness.cli.engine_args import check_max_model_len
-from harness.cli.engine_args import resolve as resolve_engine_args
-from harness.cli.options import UsageError, goodput, json_arg, variant_urls
-from harness.cli.stop_flags import DEFAULT_BUDGET_MIN, DEFAULT_REPEATS
-from harness.cli.vllm_flags import api_root
 from harness.core.design import PER_BLOCK
+from harness.flags import capacity, workload
+from harness.flags.engine_args import check_max_model_len
+from harness.flags.engine_args import resolve as resolve_engine_args
+from harness.flags.options import UsageError, goodput, json_arg, variant_urls
+from harness.flags.stop import DEFAULT_BUDGET_MIN, DEFAULT_REPEATS
+from harness.flags.vllm_bench import api_root
 from harness.run.lanes import can_rebuild
 from harness.run.plan import GRACE_S, RunPlan, check_engines, parse_methods
 
@@ -129,7 +129,7 @@ def build_plan(
             args.concurrency
             or (
                 []
-                if args.request_rate or args.slo or workload_flags.is_trace(args)
+                if args.request_rate or args.slo or workload.is_trace(args)
                 else [DEFAULT_CONCURRENCY]
             )
         ),
@@ -176,7 +176,7 @@ def build_plan(
         save_vllm_json=args.save_vllm_json,
         result_filename=args.result_filename,
         resume=args.resume is not None,
-        **capacity_flags.settings(args),
+        **capacity.settings(args),
     )
 
 
@@ -281,7 +281,7 @@ def spec_config_arg(value: str | None) -> dict[str, Any] | None:
 
 def _percentile_table(args: argparse.Namespace) -> tuple[str, ...]:
     """The metrics of the percentile table: asked for by either vLLM flag, else none."""
-    from harness.cli.vllm_flags import PERCENTILE_METRICS
+    from harness.flags.vllm_bench import PERCENTILE_METRICS
 
     if args.percentile_metrics is None and args.metric_percentiles is None:
         return ()
@@ -300,7 +300,7 @@ def _default_length(args: argparse.Namespace) -> int:
 def resolve_dataset(args: argparse.Namespace) -> None:
     """--dataset-name/--dataset-path (vLLM bench serve's) or --workload, into ``args.dataset``;
     a synthetic dataset implies --ignore-eos and vLLM's default of 1000 prompts."""
-    from harness.cli.vllm_flags import dataset_choice
+    from harness.flags.vllm_bench import dataset_choice
 
     try:
         args.dataset = dataset_choice(
@@ -319,7 +319,7 @@ def resolve_dataset(args: argparse.Namespace) -> None:
         args.ignore_eos = True
         if args.num_prompts is None and args.duration is None:
             args.num_prompts = 1000
-    workload_flags.check(args)  # a trace replay's and --multi-turn's needs
+    workload.check(args)  # a trace replay's and --multi-turn's needs
 
 
 def load_dataset(args: argparse.Namespace, model: str) -> Any:
@@ -328,7 +328,7 @@ def load_dataset(args: argparse.Namespace, model: str) -> Any:
     from workloads.synthetic import PrefixRepetitionSpec, RandomSpec, parse_range_ratio
 
     choice = args.dataset
-    special = workload_flags.load(args, model)  # a trace or conversations
+    special = workload.load(args, model)  # a trace or conversations
     if special is not None:
         return special
     if not choice.synthetic:

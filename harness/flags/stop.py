@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli.options import positive_float, positive_int
+from harness.flags.options import positive_float, positive_int
 
 # The fixed-n design (--repeats N, or a run that compares nothing): blocks are the unit of every
 # CI (harness/analysis/stats.py); with a fresh engine per block 4 find a 10% speedup of tok/s at

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engines.base import REGISTRY, engine_class
-from harness.cli.options import UsageError, json_arg, kv_args
+from harness.flags.options import UsageError, json_arg, kv_args
 
 DTYPES = ["auto", "float32", "bfloat16", "float16"]
 DTYPE_HELP = (

@@ -1,15 +1,15 @@
 """The run's flags (argparse): engines and models, speculative decoding, workload, modes and
-load, statistics and output, HTTP engines, and vllm bench serve's names (``harness.cli.vllm_flags``)."""
+load, statistics and output, HTTP engines, and vllm bench serve's names (``harness.flags.vllm_bench``)."""
 
 from __future__ import annotations
 
 import argparse
 
-from harness.cli import capacity_flags, stop_flags, vllm_flags, workload_flags
-from harness.cli.engine_args import ARGS_HELP, DTYPE_HELP, DTYPES, MAX_MODEL_LEN_HELP
-from harness.cli.help import EPILOG, DefaultsFormatter, add_help
-from harness.cli.options import Given, Parser, non_negative_int, positive_float, positive_int
-from harness.cli.plan_flags import DEFAULT_CONCURRENCY, DEFAULT_MAX_NEW_TOKENS
+from harness.flags import capacity, stop, vllm_bench, workload
+from harness.flags.engine_args import ARGS_HELP, DTYPE_HELP, DTYPES, MAX_MODEL_LEN_HELP
+from harness.flags.help import EPILOG, DefaultsFormatter, add_help
+from harness.flags.options import Given, Parser, non_negative_int, positive_float, positive_int
+from harness.flags.plan import DEFAULT_CONCURRENCY, DEFAULT_MAX_NEW_TOKENS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     _modes_and_load(p)
     _statistics_and_output(p)
     _http_engines(p)
-    for group in (vllm_flags, workload_flags, capacity_flags):  # groups with modules of their own
+    for group in (vllm_bench, workload, capacity):  # groups with modules of their own
         group.add_group(p)
     p.set_defaults(model_named=False)
     return p
@@ -194,7 +194,7 @@ def _modes_and_load(p: argparse.ArgumentParser) -> None:
 def _statistics_and_output(p: argparse.ArgumentParser) -> None:
     """Repeats, the verdict's settings, the caches and the files written."""
     r = p.add_argument_group("statistics and output")
-    stop_flags.add(r)
+    stop.add(r)
     r.add_argument(
         "--warmup",
         "--num-warmups",
@@ -304,7 +304,7 @@ def _http_engines(p: argparse.ArgumentParser) -> None:
     h.add_argument(
         "--endpoint",
         default=None,
-        type=vllm_flags.endpoint_arg,
+        type=vllm_bench.endpoint_arg,
         help="force an endpoint: completions (/v1/completions) or chat (/v1/chat/completions); "
         "default: completions for prompts, chat for messages",
     )

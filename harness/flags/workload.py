@@ -8,7 +8,7 @@ import argparse
 from dataclasses import replace
 from typing import Any
 
-from harness.cli.options import UsageError, positive_float, positive_int
+from harness.flags.options import UsageError, positive_float, positive_int
 from harness.run.plan import RunPlan
 
 TRACE_NAMES = ("mooncake", "timed_trace")  # ours (SGLang's, AIPerf's) and vllm bench serve's
