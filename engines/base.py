@@ -148,7 +148,7 @@ class EngineConfig:
     # GPU budget) takes its share of the default budget
     share: int = 1
     # the share of the device's memory the run's memory plan gave this engine (vLLM's
-    # gpu_memory_utilization; harness.run.memory), None: the engine's own default
+    # gpu_memory_utilization; harness.sizing.memory), None: the engine's own default
     memory_fraction: float | None = None
     prefix_cache: str = "reset"  # "reset" (before each measured run), "off", "keep"
 

@@ -1,6 +1,6 @@
 """One loaded copy of each model per process, shared by the HF lanes alive at once: baseline,
 assisted generation and prompt lookup differ only in ``generate``'s arguments, so they run one
-target object (and one draft), which is what the memory plan counts (harness.run.memory).
+target object (and one draft), which is what the memory plan counts (harness.sizing.memory).
 
 A shared model's candidate generator and forward hook are patched once; they count into the
 engine generating at that moment (``Held.current``, set on the one generation thread before each
@@ -87,7 +87,7 @@ def check_args(engine_args: Mapping[str, Any], dtypes: tuple[str, ...]) -> None:
 
 
 def dtype_name(asked: str, on_cuda: bool) -> str:
-    """The dtype loaded: as asked (the run resolves auto once: harness.run.model_size), else
+    """The dtype loaded: as asked (the run resolves auto once: harness.sizing.model_size), else
     float16 on CUDA and float32 on CPU."""
     if asked != "auto":
         return asked

@@ -109,7 +109,7 @@ def engine_kwargs(cfg: EngineConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     if current_platform.is_cpu():
         defaults.update(cpu_defaults(cfg.model, user))
     elif cfg.memory_fraction is not None and not any(k in user for k in MEMORY_KEYS):
-        # the run's memory plan (harness.run.memory): what the other engines leave, split
+        # the run's memory plan (harness.sizing.memory): what the other engines leave, split
         defaults["gpu_memory_utilization"] = cfg.memory_fraction
     elif cfg.share > 1 and not any(k in user for k in MEMORY_KEYS):
         # engines alive at once on one device (interleaved lanes) split vLLM's 0.9 default

@@ -10,7 +10,7 @@ from harness.cli.device_defaults import follow_device
 from harness.cli.main import main
 from harness.flags.parser import build_parser
 from harness.flags.plan import build_plan, model_names
-from harness.run.memory import Device
+from harness.sizing.memory import Device
 
 CPU = Device("cpu", "host memory", 24 * 2**30)
 GPU = Device("cuda", "modelled H100 80GB HBM3", 80 * 10**9)

@@ -21,8 +21,8 @@ import pytest
 
 from harness.analysis.sol import count_params
 from harness.cli.main import main
-from harness.run.memory import Device
-from harness.run.model_size import model_size, read_config, resolve_dtype
+from harness.sizing.memory import Device
+from harness.sizing.model_size import model_size, read_config, resolve_dtype
 
 GPU_80GB = Device("cuda", "modelled 80 GB GPU", 80 * 10**9)
 
@@ -153,8 +153,8 @@ def plan_json(models: dict[str, str], *extra: str) -> dict[str, Any]:
     from harness.cli.preflight import engine_methods
     from harness.flags.parser import build_parser
     from harness.flags.plan import build_plan, model_names
-    from harness.run.memory import Sizes
-    from harness.run.preview import preview
+    from harness.sizing.memory import Sizes
+    from harness.sizing.preview import preview
     from workloads import load_workload
 
     args: argparse.Namespace = build_parser().parse_args(["--workload", "tiny", *extra])

@@ -42,7 +42,7 @@ def test_tune_engines_share_a_modelled_gpu_or_stop_in_one_line(tmp_path, monkeyp
     from engines.base import EngineConfig
     from harness.cli.plan_view import tune_fraction
     from harness.flags.options import UsageError
-    from harness.run.memory import Device
+    from harness.sizing.memory import Device
     from tests.test_memory_plan import LLAMA_8B
 
     gpu = Device("cuda", "modelled 80 GB GPU", 80 * 10**9)

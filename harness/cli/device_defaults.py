@@ -12,7 +12,7 @@ import argparse
 
 from engines.base import REGISTRY, engine_class
 from harness.core.design import ONE
-from harness.run.memory import detect_device
+from harness.sizing.memory import detect_device
 
 CUDA_WORKLOAD = "specbench"
 CUDA_NUM_PROMPTS = 32  # of its 480 questions, seeded: 8B x 7 lanes stays near an hour on one GPU

@@ -72,7 +72,7 @@ def finalize(
     Every run is marked with ``session`` (a new one if None): all ran in one interleaved
     schedule, which ``compare`` pairs within.
     ``extra``: keys recorded as they are (the plan said before loading); ``skipped``: variants
-    that never ran, appended to ``not_run`` (harness.run.preview.not_run_records)."""
+    that never ran, appended to ``not_run`` (harness.sizing.preview.not_run_records)."""
     from harness.analysis.derived import analyze, run_summaries
     from harness.report.views import write_views
 

@@ -66,8 +66,8 @@ def hub_answers(name: str) -> None:
     """Before a hub id's tokenizer loads: one line (UsageError) when the hub does not answer
     within ``hub.HUB_TIMEOUT_S`` (transformers would wait out huggingface_hub's retries); its
     config.json (the memory plan's, fetched once into the HF cache) is the probe."""
-    from harness.run.hub import is_hub_id
-    from harness.run.model_size import ConfigUnavailable, read_config
+    from harness.sizing.hub import is_hub_id
+    from harness.sizing.model_size import ConfigUnavailable, read_config
 
     if not is_hub_id(name):
         return

@@ -1,5 +1,5 @@
 """The plan said before anything loads: one dtype resolved for every engine, the device, the
-preview of :mod:`harness.run.preview` printed (``--dry-run`` stops there), a plan that cannot fit
+preview of :mod:`harness.sizing.preview` printed (``--dry-run`` stops there), a plan that cannot fit
 the device stopped with one line, and the vLLM lanes' memory shares applied."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from dataclasses import replace
 from engines.base import REGISTRY, EngineConfig, Request, engine_class
 from harness.flags.engine_args import describe
 from harness.flags.options import UsageError
-from harness.run.memory import Device, Sizes, detect_device, longest_fit, plan_memory
-from harness.run.model_size import ModelSize, gib, resolve_dtype
 from harness.run.plan import RunPlan
-from harness.run.preview import DoesNotFit, Preview, check_fit, preview, with_fractions
+from harness.sizing.memory import Device, Sizes, detect_device, longest_fit, plan_memory
+from harness.sizing.model_size import ModelSize, gib, resolve_dtype
+from harness.sizing.preview import DoesNotFit, Preview, check_fit, preview, with_fractions
 
 NO_DEVICE = Device("none", "no local engine", 0)
 NO_LOCAL = "no local engine: each server's own"

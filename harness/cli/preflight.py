@@ -15,7 +15,7 @@ from harness.flags.options import UsageError
 from harness.run.plan import RunPlan
 
 if TYPE_CHECKING:
-    from harness.run.memory import Device, Sizes
+    from harness.sizing.memory import Device, Sizes
     from workloads.base import Request
 
 
@@ -127,8 +127,8 @@ def check_resume(
     now (on ``device``, the run's: float32 on CPU, what those runs loaded)."""
     from harness.cli.plan_view import NO_DEVICE, dtype_for
     from harness.run.journal import recorded_config
-    from harness.run.memory import Sizes
     from harness.run.plan import config_differences, lookup
+    from harness.sizing.memory import Sizes
 
     if not plan.resume:
         return

@@ -28,10 +28,10 @@ from harness.cli.preflight import (
 from harness.core.results import Run
 from harness.flags.options import UsageError
 from harness.run.journal import Journal, new_session_id, recorded_session, runs_from_journal
-from harness.run.memory import Sizes
 from harness.run.plan import PlanError, RunPlan
-from harness.run.preview import not_run_records
 from harness.run.runner import settle
+from harness.sizing.memory import Sizes
+from harness.sizing.preview import not_run_records
 
 if TYPE_CHECKING:
     from workloads import Workload
@@ -47,7 +47,7 @@ def run_main(args: argparse.Namespace) -> int:
         said = follow_device(args)  # CUDA: a realistic default set (CPU: nothing changes)
         prepared = prepare(args)
         plan, workload, out = prepared.plan, prepared.workload, prepared.out
-        sizes = Sizes()  # each model's config.json read once (harness.run.memory)
+        sizes = Sizes()  # each model's config.json read once (harness.sizing.memory)
         plan, device, dtype_why = resolve_device_and_dtype(plan, sizes)
         if not args.dry_run:
             check_resume(plan, out, device, sizes)

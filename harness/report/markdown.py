@@ -199,7 +199,7 @@ def render(results: Mapping[str, Any]) -> str:
             if n["point"] == point and n["repeat"] is not None:
                 lines.append(f"\n- {n['name']} repeat {n['repeat']}: {n['status']}")
     variants = [n for n in not_run if str(n["status"]).startswith("not run")]
-    if variants:  # asked for by --spec, never built (harness.run.preview.not_run_records)
+    if variants:  # asked for by --spec, never built (harness.sizing.preview.not_run_records)
         lines += ["", "## Variants not run", ""]
         lines += [f"- {n['name']}: {n['status']}; add: {n.get('how')}" for n in variants]
     chosen = (results.get("plan") or {}).get("device_defaults") or []

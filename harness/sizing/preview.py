@@ -1,5 +1,5 @@
 """The plan as it will run, computed before anything loads: the lanes, the engines built per
-block, the memory each lane gets (:mod:`harness.run.memory`), the requests and tokens, a wall-time
+block, the memory each lane gets (:mod:`harness.sizing.memory`), the requests and tokens, a wall-time
 estimate where the device's bandwidth is known, and the variants ``--spec`` asked for that
 cannot run (``not_run``, each with how to supply what it lacks). ``--dry-run`` prints it; every
 run records it in results.json (``plan``, ``not_run``)."""
@@ -12,9 +12,10 @@ from typing import Any
 
 from engines.base import REGISTRY, EngineConfig, Request, engine_class, speculative_config
 from harness.core.design import ONE, PER_BLOCK
-from harness.run.hub import hub_status, is_hub_id
 from harness.run.lanes import Lane, unsupported_method
-from harness.run.memory import (
+from harness.run.plan import EAGLE, Point, RunPlan
+from harness.sizing.hub import hub_status, is_hub_id
+from harness.sizing.memory import (
     Device,
     MemoryPlan,
     Sizes,
@@ -23,8 +24,7 @@ from harness.run.memory import (
     longest_fit,
     plan_memory,
 )
-from harness.run.model_size import ModelSize
-from harness.run.plan import EAGLE, Point, RunPlan
+from harness.sizing.model_size import ModelSize
 
 # nominal memory bandwidth (bytes/s) by device name: the batch-1 decode bound of the estimate
 BANDWIDTH = {
@@ -59,7 +59,7 @@ class Preview:
     memory: MemoryPlan | None = None
     not_run: list[dict[str, str]] = field(default_factory=list)
     device_defaults: list[str] = field(default_factory=list)  # flags the device set (CUDA)
-    downloads: list[dict[str, Any]] = field(default_factory=list)  # hub models (harness.run.hub)
+    downloads: list[dict[str, Any]] = field(default_factory=list)  # hub models (harness.sizing.hub)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engines.base import EngineConfig, engine_class
-from harness.run.model_size import ConfigUnavailable, ModelSize, gib, model_size, read_config
+from harness.sizing.model_size import ConfigUnavailable, ModelSize, gib, model_size, read_config
 
 USABLE = 0.9  # vLLM's default gpu_memory_utilization: the rest is left to the driver
 # estimates (stated in the plan): activations + CUDA context of a process that loads weights,

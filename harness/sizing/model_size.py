@@ -1,6 +1,6 @@
 """A model's size read from its config.json alone (no weights loaded, nothing downloaded but the
 config): parameters, bytes per dtype, the KV cache a token costs. The memory plan
-(:mod:`harness.run.memory`) adds these up per lane before any engine starts."""
+(:mod:`harness.sizing.memory`) adds these up per lane before any engine starts."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.run.hub import HUB_TIMEOUT_S, UNREACHABLE_HOW, HubUnreachable, offline, with_deadline
+from harness.sizing.hub import (
+    HUB_TIMEOUT_S,
+    UNREACHABLE_HOW,
+    HubUnreachable,
+    offline,
+    with_deadline,
+)
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 # --dtype auto on CUDA when the config stores float32 (or nothing): half precision, as vLLM's
