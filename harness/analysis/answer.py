@@ -15,6 +15,9 @@ comparison pass through untouched. Layout::
     engines       each engine's baseline against the first engine's ("is vLLM faster than HF?")
     warnings      what changes the reading: degenerate outputs, outputs not identical to the
                   baseline, unstable points, concurrency not reached, cells not run
+    blocks        what ran: the fewest and most blocks (repeats) a row pooled, and the design
+                  ("sequential": looks after every block; "fixed": n set before the run), for
+                  every view's title (a sequential run's ``config.repeats`` is its first look)
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 
 from harness.analysis.clocks import clock_warnings
 from harness.analysis.distributions import distributions
+from harness.analysis.sequential import rule_of
 from harness.core.results import Run
 
 PAYS, DOES_NOT, NOT_SIGNIFICANT, NO_VERDICT = (
@@ -181,14 +185,25 @@ def _warnings(
     ]
 
 
+def blocks_run(rows: Sequence[Mapping[str, Any]], sequential: bool) -> dict[str, Any] | None:
+    """The blocks the rows pooled (``rows[].repeats``: one run per block), fewest and most, and
+    the design that chose them; None when no row ran."""
+    ns = [int(r["repeats"]) for r in rows if r.get("repeats")]
+    if not ns:
+        return None
+    return {"design": "sequential" if sequential else "fixed", "min": min(ns), "max": max(ns)}
+
+
 def answer(
     rows: Sequence[Mapping[str, Any]],
     comps: Sequence[Mapping[str, Any]],
     checks: Sequence[Mapping[str, Any]],
     crossover: Sequence[Mapping[str, Any]],
     not_run: Sequence[Mapping[str, Any]],
+    sequential: bool = False,
 ) -> dict[str, Any]:
-    """The stored answer block (see the module docstring)."""
+    """The stored answer block (see the module docstring); ``sequential``: the comparisons'
+    intervals are the sequential design's (harness.analysis.sequential)."""
     order = variant_order(rows)
     deciding = [c for c in comps if c.get("decides")]
     spec = [_entry(c) for c in deciding if _same_engine(c) and c["baseline"] != c["candidate"]]
@@ -221,24 +236,33 @@ def answer(
         "stops": _ordered(stops, order),
         "engines": _ordered(engines, order),
         "warnings": _warnings(rows, checks, not_run),
+        "blocks": blocks_run(rows, sequential),
     }
 
 
-def answer_of(results: Mapping[str, Any]) -> dict[str, Any]:
+def is_sequential(results: Mapping[str, Any]) -> bool:
+    """Whether a results dict's comparisons are the sequential design's (its design.stopping)."""
+    return rule_of((results.get("design") or {}).get("stopping"))[0] is not None
+
+
+def answer_of(results: Mapping[str, Any], sequential: bool | None = None) -> dict[str, Any]:
     """The answer block of a results dict that holds the stored analysis (also for files
-    written before the block existed)."""
+    written before the block existed); ``sequential`` None: read from its design."""
     return answer(
         results.get("rows") or [],
         results.get("comparisons") or [],
         results.get("lossless") or [],
         results.get("crossover") or [],
         results.get("not_run") or [],
+        is_sequential(results) if sequential is None else sequential,
     )
 
 
-def reading(results: Mapping[str, Any], runs: Sequence[Run]) -> dict[str, Any]:
+def reading(
+    results: Mapping[str, Any], runs: Sequence[Run], sequential: bool | None = None
+) -> dict[str, Any]:
     """What the views read first, stored beside the analysis: the answer block and the latency
     distributions the plots draw (:mod:`harness.analysis.distributions`)."""
-    block = answer_of(results)
+    block = answer_of(results, sequential)
     block["warnings"] = [*block["warnings"], *clock_warnings(runs)]
     return {"answer": block, "distributions": distributions(runs)}

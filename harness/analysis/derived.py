@@ -110,7 +110,7 @@ def analyze(
         # request id -> category (the workload's): Spec-Bench's per-category table
         "categories": category_tables(runs, categories or {}, min_effect=min_effect, rule=rule),
     }
-    return out | reading(out, runs)
+    return out | reading(out, runs, sequential=rule is not None)
 
 
 def _deciding(comps: Sequence[dict[str, Any]], row: Mapping[str, Any]) -> dict[str, Any] | None:

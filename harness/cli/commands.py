@@ -62,10 +62,15 @@ def load_results(path: str) -> dict[str, Any]:
 
 def with_reading(data: dict[str, Any]) -> dict[str, Any]:
     """A file written before the answer block and the stored distributions, with both derived
-    from its stored analysis and runs (a file that has them is returned as it is)."""
+    from its stored analysis and runs; one written before the answer stored the blocks run
+    (``answer.blocks``, the title's n), with those (a file that has all is returned as it is)."""
+    from harness.analysis.answer import blocks_run, is_sequential, reading
+
     if "answer" in data and "distributions" in data:
-        return data
-    from harness.analysis.answer import reading
+        if "blocks" in data["answer"]:
+            return data
+        blocks = blocks_run(data.get("rows") or [], is_sequential(data))
+        return {**data, "answer": {**data["answer"], "blocks": blocks}}
     from harness.core.results import Run
 
     return {**data, **reading(data, [Run.from_json(r) for r in data.get("runs", [])])}

@@ -25,12 +25,24 @@ def model_name(config: Mapping[str, Any]) -> str:
     return "/".join(PurePath(model).parts[-2:])
 
 
+def blocks_text(blocks: Mapping[str, Any] | None) -> str:
+    """``4 repeats`` (fixed n), ``3-8 blocks (sequential)``: the stored ``answer.blocks``."""
+    if not blocks:
+        return ""
+    lo, hi = blocks["min"], blocks["max"]
+    n = f"{lo}" if lo == hi else f"{lo}-{hi}"
+    if blocks.get("design") == "sequential":
+        return f"{n} block{'s' if hi != 1 else ''} (sequential)"
+    return f"{n} repeat{'s' if hi != 1 else ''}"
+
+
 def title(results: Mapping[str, Any]) -> str:
-    """Model, workload, modes and n: what every view's first line and plot title say."""
+    """Model, workload, modes and n (the blocks that ran, ``answer.blocks``; not
+    ``config.repeats``, a sequential run's first look): every view's first line and plot title."""
     cfg, wl = results.get("config") or {}, results.get("workload") or {}
     modes = " + ".join(cfg.get("modes") or sorted({r["mode"] for r in results.get("rows", [])}))
-    repeats = cfg.get("repeats")
-    n = f"{repeats} repeats x " if repeats else ""
+    ran = blocks_text((results.get("answer") or {}).get("blocks"))
+    n = f"{ran} x " if ran else ""
     return (
         f"{model_name(cfg)} on {wl.get('name', '?')}, {modes}, "
         f"n = {n}{wl.get('num_requests', '?')} prompts"
