@@ -161,7 +161,7 @@ async def _execute(
 
         design["prefix_cache_description"] += f"; {CACHE_POLICY}"
     if session.stopper is not None:  # the sequential design: each point's blocks and stop
-        design["stopping"] = session.stopper.record()
+        design["stopping"] = session.stopper.record(runs)
     results = finalize(
         out, plan, workload, runs, status, design=design, session=session_id,
         extra={"plan": preview}, skipped=not_run,

@@ -112,11 +112,13 @@ class Session:
         return record
 
     def _todo(self, lane: Lane) -> list[Point]:
+        """The points with cells of this lane left (--resume: not journaled as finished); under
+        the sequential design blocks to the cap, unless the journaled ones decided the point."""
+        n, stopper = self.plan.max_repeats if self.stopper else self.plan.repeats, self.stopper
+
         def done(p: Point) -> bool:
-            return all(
-                self.plan.cell(lane.config.engine, lane.label, p, r).key in self.done
-                for r in range(self.plan.repeats)
-            )
+            keys = {self.plan.cell(lane.config.engine, lane.label, p, r).key for r in range(n)}
+            return keys <= self.done or (stopper is not None and stopper.settled(self._here(p)))
 
         return [p for p in self.plan.points() if not done(p)]
 
@@ -166,11 +168,9 @@ class Session:
         halted: set[tuple[int, int]] = set()  # (lane, point) whose run failed: no more repeats
         dead: set[int] = set()  # lanes whose engine did not start
         for block in range(self.plan.max_repeats + (self.stopper is not None)):  # +1: cap look
-            wanted = [i for i, p in enumerate(points) if self._repeating(lanes, p, block)]
-            here = {i: self._here(lanes, points[i]) for i in wanted}
-            fits = self.stopper is None or self.stopper.admits(here, block, self.clock() - self._t0)
-            if self.stop or not wanted or not fits:
+            if self.stop:
                 break
+            wanted = [i for i, p in enumerate(points) if self._repeating(lanes, p, block)]
             todo = {
                 (k, i): cell
                 for k, lane in enumerate(lanes)
@@ -179,24 +179,31 @@ class Session:
                 for cell in [self.plan.cell(lane.config.engine, lane.label, points[i], block)]
                 if cell.key not in self.done
             }
-            if todo:
-                await self._block(lanes, points, block, todo, halted, dead)
+            if wanted and not todo:  # every cell journaled (--resume): no time, no budget
+                continue
+            here = {i: self._here(points[i], block) for i in wanted}
+            fits = self.stopper is None or self.stopper.admits(here, block, self.clock() - self._t0)
+            if not wanted or not fits:
+                break
+            await self._block(lanes, points, block, todo, halted, dead)
 
-    def _here(self, lanes: list[Lane], p: Point) -> list[Run]:
-        group = self.plan.cell("", "", p, 0).group  # the point's runs, whatever the lane
-        return [r for r in self.runs if r.cell.group == group]
+    def _here(self, p: Point, before: float = float("inf")) -> list[Run]:
+        """The point's runs, any lane, of blocks before ``before`` (a --resume holds later ones)."""
+        group = self.plan.cell("", "", p, 0).group
+        return [r for r in self.runs if r.cell.group == group and r.cell.repeat < before]
 
     def _repeating(self, lanes: list[Lane], p: Point, block: int, since: Any = None) -> bool:
         """Whether point ``p`` gets a repeat in ``block``: the sequential rule (``since``: when
         the point began, where points share the budget, harness.run.stopping); else the first
         --repeats, then while --target-ci asks for more (precise_enough)."""
+        here = self._here(p, block)
         if self.stopper is not None:
-            return self.stopper.wants(self._here(lanes, p), block, self.clock() - self._t0, since)
+            return self.stopper.wants(here, block, self.clock() - self._t0, since)
         if block < self.plan.repeats:
             return True
         if self.plan.target_ci is None:
             return False
-        return not precise_enough(self._here(lanes, p), self.plan.target_ci)
+        return not precise_enough(here, self.plan.target_ci)
 
     async def _block(
         self,

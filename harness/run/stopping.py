@@ -38,6 +38,17 @@ def point_decided(runs: Sequence[Run], rule: Rule, min_effect: float) -> bool:
     return bool(comps) and all(c.get("stopped") == DECIDED for c in comps)
 
 
+def complete_blocks(runs: Sequence[Run], key: str, default: int) -> int:
+    """The blocks of point ``key`` that every lane there finished (what its looks pair), else
+    ``default`` (no runs given)."""
+    lanes: dict[str, set[int]] = {}
+    for r in runs:
+        c = r.cell
+        if r.status == "ok" and point_key(c.mode, c.load, c.max_new_tokens, c.workload) == key:
+            lanes.setdefault(f"{c.engine}/{c.label}", set()).add(c.repeat)
+    return len(set.intersection(*lanes.values())) if lanes else default
+
+
 @dataclass
 class Stopper:
     """The sequential design's stops, recorded per point (``results.json`` design.stopping)."""
@@ -82,6 +93,17 @@ class Stopper:
                 self.reasons[key] = BUDGET
         return key not in self.reasons
 
+    def settled(self, runs: Sequence[Run]) -> bool:
+        """Whether the point of ``runs`` (a --resume's journaled runs) was decided: the session
+        that ran them stopped it there, so it gets no block again (recorded as decided)."""
+        key = self._key(runs)
+        if key is not None and key not in self.reasons:
+            if not point_decided(runs, self.rule, self.min_effect):
+                return False
+            self.blocks[key] = len({r.cell.repeat for r in runs if r.status == "ok"})
+            self.reasons[key] = DECIDED
+        return key is not None and self.reasons[key] == DECIDED
+
     def fits(self, points: Iterable[int], block: int, elapsed_s: float) -> bool:
         """Whether a block of ``points`` fits in the budget, ``elapsed_s`` into the session:
         predicted as the longest block so far of these points, else of more (a block that
@@ -117,8 +139,9 @@ class Stopper:
             if key is not None and key not in self.reasons:
                 self.reasons[key] = BUDGET
 
-    def record(self) -> dict[str, Any]:
-        """design.stopping in results.json."""
+    def record(self, runs: Sequence[Run] = ()) -> dict[str, Any]:
+        """design.stopping in results.json; ``runs``: the session's, whose blocks every lane
+        finished are the blocks of a point that an interruption stopped mid-way."""
         return {
             "rule": "sequential",
             **self.rule.to_json(),
@@ -126,6 +149,7 @@ class Stopper:
             "min_effect": self.min_effect,
             "points": {
                 k: {"blocks": n, "stopped": self.reasons.get(k, "stopped")}
+                | ({} if k in self.reasons else {"blocks": complete_blocks(runs, k, n)})
                 for k, n in self.blocks.items()
             },
             "blocks_s": [round(s, 3) for _, s in self.durations],  # per-block instances
