@@ -11,7 +11,9 @@ comparison pass through untouched. Layout::
     speculation   per candidate and point: its deciding comparison against the same engine's
                   baseline, with ``answer`` "pays" | "does not pay" | "not significant" |
                   "no verdict"
-    stops         per candidate and length across loads (the crossover): where it stops paying
+    stops         per candidate and length across loads (the crossover): where it stops paying,
+                  with the ``answer`` of the comparison at ``at`` (undecided there is not "does
+                  not pay")
     engines       each engine's baseline against the first engine's ("is vLLM faster than HF?")
     warnings      what changes the reading: degenerate outputs, outputs not identical to the
                   baseline, unstable points, concurrency not reached, cells not run
@@ -227,6 +229,7 @@ def answer(
                     k: c.get(k)
                     for k in ("metric", "estimate", "lo", "hi", "n", "method", "verdict")
                 },
+                "answer": answer_word(c.get("verdict")),  # at ``at``: undecided is no "not"
                 "comparison": x["comparison"],
             }
         )
@@ -258,11 +261,18 @@ def answer_of(results: Mapping[str, Any], sequential: bool | None = None) -> dic
     )
 
 
+def answer_block(
+    results: Mapping[str, Any], runs: Sequence[Run], sequential: bool | None = None
+) -> dict[str, Any]:
+    """The stored answer block: :func:`answer_of` and the client workers' clock warnings."""
+    block = answer_of(results, sequential)
+    block["warnings"] = [*block["warnings"], *clock_warnings(runs)]
+    return block
+
+
 def reading(
     results: Mapping[str, Any], runs: Sequence[Run], sequential: bool | None = None
 ) -> dict[str, Any]:
     """What the views read first, stored beside the analysis: the answer block and the latency
     distributions the plots draw (:mod:`harness.analysis.distributions`)."""
-    block = answer_of(results, sequential)
-    block["warnings"] = [*block["warnings"], *clock_warnings(runs)]
-    return {"answer": block, "distributions": distributions(runs)}
+    return {"answer": answer_block(results, runs, sequential), "distributions": distributions(runs)}

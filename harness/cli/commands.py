@@ -62,18 +62,19 @@ def load_results(path: str) -> dict[str, Any]:
 
 def with_reading(data: dict[str, Any]) -> dict[str, Any]:
     """A file written before the answer block and the stored distributions, with both derived
-    from its stored analysis and runs; one written before the answer stored the blocks run
-    (``answer.blocks``, the title's n), with those (a file that has all is returned as it is)."""
-    from harness.analysis.answer import blocks_run, is_sequential, reading
-
-    if "answer" in data and "distributions" in data:
-        if "blocks" in data["answer"]:
-            return data
-        blocks = blocks_run(data.get("rows") or [], is_sequential(data))
-        return {**data, "answer": {**data["answer"], "blocks": blocks}}
+    from its stored analysis and runs; one whose answer block is older than ``answer.blocks``
+    (the title's n) and the stops' ``answer``, with the block derived again (a file that has
+    all is returned as it is)."""
+    from harness.analysis.answer import answer_block, reading
     from harness.core.results import Run
 
-    return {**data, **reading(data, [Run.from_json(r) for r in data.get("runs", [])])}
+    answer = data.get("answer")
+    if answer is not None and "distributions" in data and "blocks" in answer:
+        return data
+    runs = [Run.from_json(r) for r in data.get("runs", [])]
+    if "distributions" in data:
+        return {**data, "answer": answer_block(data, runs)}
+    return {**data, **reading(data, runs)}
 
 
 def upgrade(data: dict[str, Any]) -> dict[str, Any]:

@@ -66,18 +66,33 @@ def _metric(e: Mapping[str, Any]) -> str:
     return METRIC_LABEL.get(e.get("metric", ""), e.get("metric", ""))
 
 
+def _undecided(x: Mapping[str, Any]) -> str:
+    """``undecided at 4 blocks`` (the sequential verdict as stored), ``undecided at 4 repeats
+    (no significant difference)`` (fixed n)."""
+    v = _why(x)
+    if v.startswith("undecided"):
+        return v
+    return f"undecided at {x['n']} repeats ({v})" if x.get("n") else f"undecided ({v})"
+
+
 def _stop_line(x: Mapping[str, Any]) -> str:
+    """One crossover entry: where it pays, where it does not (a decided verdict), and where the
+    comparison is undecided (stored ``answer`` "not significant" / "no verdict"): that reads as
+    undecided, never as "does not pay"."""
     what = f"{_metric(x)} {ci_text(x)}"
     head = f"{x['candidate']} ({x['max_new_tokens']} tok)"
-    unit = x["unit"]
+    unit, at = x["unit"], f"{x['at']:g}"
     if x["kind"] == "pays everywhere":
-        return f"{head}: pays at every {unit} tried (up to {x['at']:g}: {what})"
+        return f"{head}: pays at every {unit} tried (up to {at}: {what})"
+    undecided = x.get("answer") in ("not significant", "no verdict")
     if x["kind"] == "never pays":
-        return f"{head}: does not pay even at {unit} {x['at']:g} ({what}, {x['verdict']})"
-    return (
-        f"{head}: pays up to {unit} {x['pays_up_to']:g}; "
-        f"from {x['at']:g} it is {what} ({x['verdict']})"
-    )
+        if undecided:
+            return f"{head}: at {unit} {at} {_undecided(x)}: cannot say whether it pays ({what})"
+        return f"{head}: does not pay even at {unit} {at} ({what}, {x['verdict']})"
+    up_to = f"{head}: pays up to {unit} {x['pays_up_to']:g}; from {at}"
+    if undecided:
+        return f"{up_to} {_undecided(x)}: cannot say whether it pays ({what})"
+    return f"{up_to} it does not pay ({what}, {x['verdict']})"
 
 
 def warning_line(w: Mapping[str, Any], lengths: int = 1) -> str:
