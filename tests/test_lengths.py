@@ -1,7 +1,9 @@
 """One length per request, resolved once before any engine sees it: a request's own
-``max_new_tokens``, ``--max-new-tokens`` and a dataset's output length each win where they
-should, for every registered engine (``harness.run.plan.RunPlan.resolve_lengths``); and every engine reads
-that one field (``engines.base.new_tokens``), nothing else.
+``max_new_tokens``, ``--max-new-tokens`` and a dataset's output length (with
+``--random-range-ratio`` one sampled per request) each win where they should, and under
+``--duration`` every cycled copy keeps its request's, for every registered engine
+(``harness.run.plan.RunPlan.resolve_lengths``); and every engine reads that one field
+(``engines.base.new_tokens``), nothing else.
 
 The flags go through the run pipeline's front (``harness.cli.pipeline.prepare``: the real
 parser, plan and dataset) and the real session; the engine each lane gets records what it was
@@ -51,6 +53,29 @@ CASES = {
     "random: --max-new-tokens wins over it": (
         RANDOM + ["--random-output-len", "6", "--max-new-tokens", "4"],
         [4, 4, 4],
+    ),
+    # lengths sampled in [3, 9] (vLLM's range), seeded: each request its own
+    "random: --random-range-ratio, each its sampled length": (
+        RANDOM + ["--random-output-len", "6", "--random-range-ratio", "0.5"],
+        [4, 5, 3],
+    ),
+    "random: --max-new-tokens wins over the sampled lengths": (
+        RANDOM
+        + ["--random-output-len", "6", "--random-range-ratio", "0.5", "--max-new-tokens", "7"],
+        [7, 7, 7],
+    ),
+}
+# --duration: the prompts cycled (fresh ids ``q1~2``) for as long as it lasts; every copy keeps
+# the length of the request it copies (request id -> length)
+DURATION = ["--mode", "throughput", "--concurrency", "2", "--duration", "0.3"]
+DURATION_CASES = {
+    "file: own lengths, default for the rest": (
+        [],
+        {"q0": 5, "q1": DEFAULT_MAX_NEW_TOKENS, "q2": 9},
+    ),
+    "file: --max-new-tokens wins over own": (
+        ["--max-new-tokens", "7"],
+        {"q0": 7, "q1": 7, "q2": 7},
     ),
 }
 
@@ -138,6 +163,21 @@ def test_each_length_wins_where_it_should(
     (run,) = runs
     assert run.status == "ok", run.status
     assert [rec.output_tokens for rec in run.counted] == want
+
+
+@pytest.mark.parametrize("case", list(DURATION_CASES))
+@pytest.mark.parametrize("engine", sorted(REGISTRY))
+def test_under_duration_every_copy_keeps_its_requests_length(
+    engine: str, case: str, tiny_pair: tuple[str, str], tmp_path: Path
+) -> None:
+    flags, want = DURATION_CASES[case]
+    seen, runs = _run(engine, _argv(engine, [*DURATION, *flags], tiny_pair[0], tmp_path))
+    (run,) = runs
+    assert run.status == "ok", run.status
+    got = [(rec.request_id.split("~")[0], rec.output_tokens) for rec in run.counted]
+    assert any("~" in rec.request_id for rec in run.counted), len(got)  # cycled past one pass
+    assert got == [(rid, want[rid]) for rid, _ in got], case
+    assert set(seen) == set(want.values()), case  # handed (warm-up included) as generated
 
 
 # ---- every engine reads that one field ---------------------------------------------------------
