@@ -117,6 +117,7 @@ def test_summary_is_printed_and_report_rebuilds_it(hf_run):
     out, proc = hf_run
     summary = (out / "summary.md").read_text()
     assert summary.startswith("# Answer: ") and "hf/draft_model" in summary and "accept" in summary
+    assert summary.splitlines()[0].endswith(", latency, n = 2 repeats x 4 prompts")  # fixed n
     assert summary.split("## Plots")[0].strip() in proc.stdout
     assert ".png)" not in proc.stdout  # no image links on a terminal
     html = (out / "report.html").read_text()
