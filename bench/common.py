@@ -107,10 +107,10 @@ def _fallback() -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from harness.models.tiny_pair import TARGET_DIMS, _read, corpus_files, train_tokenizer
+    from harness.models.tiny_pair import TARGET_DIMS, corpus_files, read_texts, train_tokenizer
 
     _, train, _ = corpus_files()
-    tok = train_tokenizer(_read(train[:200]), TARGET_DIMS["vocab_size"], [FALLBACK_DIR])
+    tok = train_tokenizer(read_texts(train[:200]), TARGET_DIMS["vocab_size"], [FALLBACK_DIR])
     torch.manual_seed(0)
     cfg = LlamaConfig(
         **TARGET_DIMS,

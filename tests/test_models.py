@@ -28,7 +28,7 @@ def pair() -> tuple:
 
 @needs_pair
 def test_layout_and_build_json() -> None:
-    for which in models.TINY_KINDS:
+    for which in models.TINY_PAIR:  # the head's own layout: tests/test_tiny_eagle3.py
         d = models.tiny_path(which)
         for f in (*models.REQUIRED_FILES, "generation_config.json"):
             assert (d / f).is_file(), f
@@ -115,7 +115,7 @@ def test_tiny_build_layout(tmp_path: Path) -> None:
         "vocab_size": 300,
         "hidden_size": 64,
         "intermediate_size": 96,
-        "num_hidden_layers": 3,
+        "num_hidden_layers": 4,  # the fewest an EAGLE-3 head's three aux layers fit in
         "num_attention_heads": 1,
     }
     import torch
@@ -124,11 +124,12 @@ def test_tiny_build_layout(tmp_path: Path) -> None:
     torch.set_num_threads(1)  # tiny matrices: more threads only spin on a busy machine
     try:
         info = models.build(
-            tmp_path, target_steps=3, draft_steps=2, progress=False, dims=dims, max_files=20
-        )
+            tmp_path, target_steps=3, draft_steps=2, progress=False, dims=dims, max_files=20,
+            eagle3_steps=2,
+        )  # fmt: skip
     finally:
         torch.set_num_threads(threads)
-    for which in models.TINY_KINDS:
+    for which in models.TINY_PAIR:
         d = tmp_path / which
         assert models.tiny_path(which, root=tmp_path) == d
         assert (d / "generation_config.json").is_file()
@@ -138,6 +139,9 @@ def test_tiny_build_layout(tmp_path: Path) -> None:
     saved = json.loads((tmp_path / "BUILD.json").read_text())
     assert saved == json.loads(json.dumps(info))
     assert saved["recipe"]["target_steps"] == 3 and saved["corpus"]["train_files"] == 20
+    head = json.loads((models.tiny_path("eagle3", root=tmp_path) / "config.json").read_text())
+    assert head["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert head["draft_vocab_size"] == 150 and saved["eagle3"]["recipe"]["steps"] == 2
 
 
 def test_one_lr_schedule_warms_up_then_decays_to_its_floor() -> None:

@@ -38,9 +38,9 @@ def test_names_resolve_to_the_family(smollm2: dict[str, str]) -> None:
     assert models.companion("embedded", "draft") == "smollm2:draft"
     assert models.companion("embedded", "eagle3") == "smollm2:eagle3"
     assert models.resolve_model("smollm2:eagle3") == smollm2["eagle3"]
-    assert models.companion("tiny", "eagle3") is None and models.companion("gpt2", "draft") is None
+    assert models.companion("gpt2", "draft") is None and models.companion("tiny:draft", "x") is None
     with pytest.raises(ValueError, match="eagle3"):
-        models.parse_name("tiny:eagle3")
+        models.parse_name("smollm2:medusa")
     assert models.parse_name("meta-llama/Llama-3.2-1B") is None
 
 
@@ -112,6 +112,23 @@ def test_eagle3_head_is_written_in_vllms_layout(smollm2: dict[str, str], tmp_pat
     ids = torch.arange(1024) + head["d2t"]  # target id = i + d2t[i]
     assert torch.equal(ids, vocab)
     assert torch.equal(head["lm_head.weight"], emb[vocab])
+
+
+def test_the_committed_head_config_is_what_head_config_writes(smollm2: dict[str, str]) -> None:
+    """The generalised head (aux layers from the target's depth: 2, 15, 27 at 30) writes
+    SmolLM2's committed config as it is, and the committed weights load into it."""
+    from safetensors.torch import load_file
+
+    from harness.models import eagle3
+    from harness.models import evaluate as models_eval
+
+    tcfg = json.loads((Path(smollm2["target"]) / "config.json").read_text())
+    committed = json.loads((smollm.TRAINED_DIR / "eagle3_config.json").read_text())
+    assert eagle3.head_config(tcfg, committed["draft_vocab_size"]) == committed
+    assert eagle3.aux_layers(tcfg["num_hidden_layers"]) == smollm.EAGLE3_LAYERS
+    emb = load_file(str(Path(smollm2["target"]) / "model.safetensors"))["model.embed_tokens.weight"]
+    head, vocab = models_eval.load_head(Path(smollm2["eagle3"]), emb)  # strict load
+    assert len(head.fc_norm) == 3 and len(vocab) == committed["draft_vocab_size"]
 
 
 def test_assembly_is_deterministic(smollm2: dict[str, str], tmp_path: Path) -> None:

