@@ -66,8 +66,11 @@ def test_results_json_has_the_schema(hf_run):
     for key in ("python", "torch", "transformers", "vllm"):
         assert key in res["environment"]
     labels = {r["label"] for r in res["runs"]}
-    assert labels == {"baseline", "draft_model", "ngram"}
+    assert labels == {"baseline", "draft_model", "ngram", "eagle3"}  # tiny ships a head
     for run in res["runs"]:
+        if run["label"] == "eagle3":  # HF has no EAGLE: its cells say so, nothing runs
+            assert run["status"] == "unsupported (hf has no eagle3)" and not run["records"]
+            continue
         assert {
             "engine",
             "variant",

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import psutil
 import pytest
 
+from harness.models import registry as models
 from tests.inprocess import Ran, run_harness
 
 pytestmark = pytest.mark.slow
@@ -54,8 +55,10 @@ def test_vllm_spec_both_modes(tmp_path, tiny_pair, harness):
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((out / "results.json").read_text())
     runs = {(r["label"], r["mode"]): r for r in res["runs"]}
-    assert set(runs) == {
-        (lb, m) for lb in ("baseline", "draft_model", "ngram") for m in ("latency", "throughput")
+    assert set(runs) == {  # --spec alone: every method the tiny family has (a draft, a head)
+        (lb, m)
+        for lb in ("baseline", "draft_model", "eagle3", "ngram")
+        for m in ("latency", "throughput")
     }
     for (label, mode), run in runs.items():
         assert run["status"] == "ok" and run["summary"]["completed"] == 4
@@ -69,9 +72,13 @@ def test_vllm_spec_both_modes(tmp_path, tiny_pair, harness):
         assert m["num_drafts"] > 0 and 0 < m["acceptance_rate"] < 1, (label, mode, m)
         assert run["spec_config"]["method"] == label
     assert runs[("baseline", "throughput")]["summary"]["peak_in_flight"] >= 2
+    head = runs[("eagle3", "latency")]["spec_config"]["model"]
+    assert head == models.resolve_model("tiny:eagle3")  # the shipped head, by --model tiny
     comps = [c for c in res["comparisons"] if c["metric"] == "output_tok_s"]
     assert {(c["candidate"], c["mode"]) for c in comps} == {
-        (f"vllm/{lb}", m) for lb in ("draft_model", "ngram") for m in ("latency", "throughput")
+        (f"vllm/{lb}", m)
+        for lb in ("draft_model", "eagle3", "ngram")
+        for m in ("latency", "throughput")
     }
     for c in comps:  # greedy speculation is lossless (numerics may differ: report, don't fail)
         assert res["lossless"][c["lossless"]]["compared"] == 4

@@ -233,7 +233,9 @@ def test_a_known_device_gets_a_wall_time_estimate(gpu_models, monkeypatch) -> No
 
 def test_a_run_records_its_plan_and_the_variants_not_run(tmp_path, tiny_pair, capsys) -> None:
     out = tmp_path / "run"
-    argv = ["--engine", "hf", "--model", "tiny", "--spec", "--workload", "tiny",
+    # the tiny target by path with its draft: no EAGLE-3 head (tiny:eagle3 goes with "tiny")
+    argv = ["--engine", "hf", "--model", tiny_pair[0], "--draft-model", tiny_pair[1], "--spec",
+            "--workload", "tiny",
             "--num-prompts", "2", "--mode", "latency", "--max-new-tokens", "6", "--repeats", "1",
             "--warmup", "0", "--quiet", "--no-plots", "--output-dir", str(out)]  # fmt: skip
     assert main(argv) == 0

@@ -87,3 +87,44 @@ def test_tune_end_to_end_writes_config_table_and_verification(tmp_path, tiny_pai
     assert {r["label"] for r in verify_runs} == {"baseline", *sched, tune["verification"]["fixed"]}
     md = (out / "tune.md").read_text()
     assert "| load | candidate |" in md and "## Verification" in md
+
+
+def test_tune_tunes_the_k_of_a_head_given_by_spec_config(tmp_path, tiny_pair, capsys):
+    """`tune --spec-config` with an EAGLE-3 head (the tiny one, copied where a hub head would
+    be): the head as given runs in vLLM at the probe's K and a K predicted from its acceptance
+    per position, and the table and verification name its K. One load, K 1 and 3."""
+    import shutil
+
+    from harness.models.registry import tiny_path
+
+    head_dir = tmp_path / "head"
+    shutil.copytree(tiny_path("eagle3"), head_dir)
+    head = {"method": "eagle3", "model": str(head_dir)}
+    out = tmp_path / "tune"
+    proc = run_harness(
+        ["tune", "--model", "tiny", "--workload", "tiny", "--engine", "vllm",
+         "--spec-config", json.dumps(head), "--tune-k", "1", "3", "--concurrency", "1",
+         "--num-prompts", "4", "--max-new-tokens", "16", "--max-rounds", "3",
+         "--verify-rounds", "3", "--warmup", "1", "--quiet", "--output-dir", str(out)],
+        capsys,
+    )  # fmt: skip
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    assert proc.stdout.startswith(("tune: verified", "tune: verification FAILED")), proc.stdout
+    tune = json.loads((out / "tune.json").read_text())
+    (search,) = tune["search"]
+    cands = {c["arm"]: c for c in search["candidates"]}
+    assert set(cands) == {"baseline", "eagle3(k=1)", "eagle3(k=3)"}  # both K, one predicted
+    assert all(cands[a]["predicted"] is not None for a in ("eagle3(k=1)", "eagle3(k=3)"))
+    runs = json.loads((out / "search" / "results.json").read_text())["runs"]
+    probe = [r for r in runs if r["label"] == "eagle3(k=3)"]
+    assert probe and all(r["status"] == "ok" for r in runs)
+    for r in runs:  # each arm: the head as given, its K replaced
+        if r["label"] != "baseline":
+            k = r["spec_config"]["num_speculative_tokens"]
+            assert r["spec_config"] == {**head, "num_speculative_tokens": k}
+            assert r["label"] == f"eagle3(k={k})"
+    acc = probe[0]["spec_metrics"]["acceptance_per_pos"]
+    assert len(acc) == 3 and acc[0] > 0  # the head drafts tokens the target accepts
+    assert tune["verification"]["fixed"].startswith("eagle3(k=")
+    md = (out / "tune.md").read_text()
+    assert "| 1 | eagle3(k=" in md and "## Verification" in md
