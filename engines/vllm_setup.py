@@ -60,6 +60,8 @@ def validate_config(config: EngineConfig, spec_methods: tuple[str, ...]) -> None
             raise EngineError("vllm: speculative method 'draft_model' needs a 'model' path")
         if isinstance(draft, str) and missing_path(draft):
             raise EngineError(f"vllm: draft model path does not exist: {draft}")
+        if method == "draft_model" and isinstance(draft, str):
+            check_draft_name(draft)
         check_schedule(spec, "vllm")
     bad = [k for k in config.engine_args if k in RESERVED]
     if bad:
@@ -72,6 +74,15 @@ def validate_config(config: EngineConfig, spec_methods: tuple[str, ...]) -> None
             close = difflib.get_close_matches(key, fields, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise EngineError(f"vllm: unknown engine_args key {key!r}{hint}")
+
+
+def check_draft_name(draft: str) -> None:
+    """vLLM (config/speculative.py) takes a draft whose path holds these names for that head."""
+    path = os.path.abspath(os.path.expanduser(draft)) if os.path.exists(draft) else draft
+    for part, method in (("eagle-", "eagle"), ("eagle3", "eagle3"), ("dflash", "dflash")):
+        if part in path.lower():
+            raise EngineError(f"vllm: draft model path {path!r} contains {part!r}, which vLLM "
+                              f"reads as method {method!r}; move or link the draft elsewhere")  # fmt: skip
 
 
 SCHEDULE = "num_speculative_tokens_per_batch_size"

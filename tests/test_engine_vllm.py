@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -343,6 +344,19 @@ def test_validate_rejects_bad_config(pair: tuple[str, str]) -> None:
     with pytest.raises(EngineError, match="does not exist"):
         VLLMEngine.validate(EngineConfig(engine="vllm", model="/nonexistent/model"))
     VLLMEngine.validate(EngineConfig(engine="vllm", model=pair[0], engine_args={"max_num_seqs": 4}))
+
+
+def test_a_draft_path_vllm_would_read_as_an_eagle_head_is_refused(pair, tmp_path) -> None:
+    """vLLM takes a draft_model under a folder named ``eagle-...`` for an EAGLE head (and the
+    engine then dies on the plain draft): refused in one line before anything loads."""
+    link = tmp_path / "eagle-runs" / "draft"
+    link.parent.mkdir()
+    link.symlink_to(Path(pair[1]).resolve())
+    spec = {"method": "draft_model", "model": str(link), "num_speculative_tokens": 2}
+    with pytest.raises(EngineError, match="reads as method 'eagle'"):
+        VLLMEngine.validate(EngineConfig(engine="vllm", model=pair[0], spec_config=spec))
+    spec["model"] = pair[1]
+    VLLMEngine.validate(EngineConfig(engine="vllm", model=pair[0], spec_config=spec))
 
 
 def test_close_then_start_another(pair: tuple[str, str], baseline: dict[str, Any]) -> None:
