@@ -2,8 +2,7 @@
 
 The server runs as a child process in its own process group on 127.0.0.1 and a free port; its
 log goes to ``options.log_path`` (else a temp file). Everything after start-up is delegated to an
-inner :class:`engines.openai.OpenAIEngine`. No vllm/torch import here: the server imports them.
-"""
+inner :class:`engines.openai.OpenAIEngine`. No vllm/torch import here: the server imports them."""
 
 from __future__ import annotations
 
@@ -40,6 +39,7 @@ from engines.http_flags import VLLMServerFlags
 from engines.openai import OpenAIEngine
 from engines.vllm_setup import (
     CPU_DTYPE,
+    check_draft_name,
     check_schedule,
     cpu_defaults,
     per_request_spec_metrics,
@@ -58,10 +58,9 @@ SECRET_FLAGS = ("--api-key",)
 
 def _installed(dist: str) -> bool:
     try:
-        md.distribution(dist)
+        return bool(md.distribution(dist))
     except md.PackageNotFoundError:
         return False
-    return True
 
 
 def is_cpu_build() -> bool:
@@ -178,6 +177,7 @@ class VLLMServerEngine(VLLMServerFlags, Engine):
             if method not in SPEC_METHODS:
                 raise EngineError(f"vllm-server: unknown spec method {method!r}")
             check_schedule(config.spec_config, "vllm-server")
+            check_draft_name(config.spec_config)
         OpenAIEngine.validate(cls._inner_config(config, "http://127.0.0.1:1/v1"))
 
     def _env(self) -> dict[str, str]:

@@ -60,8 +60,7 @@ def validate_config(config: EngineConfig, spec_methods: tuple[str, ...]) -> None
             raise EngineError("vllm: speculative method 'draft_model' needs a 'model' path")
         if isinstance(draft, str) and missing_path(draft):
             raise EngineError(f"vllm: draft model path does not exist: {draft}")
-        if method == "draft_model" and isinstance(draft, str):
-            check_draft_name(draft)
+        check_draft_name(spec)
         check_schedule(spec, "vllm")
     bad = [k for k in config.engine_args if k in RESERVED]
     if bad:
@@ -76,13 +75,13 @@ def validate_config(config: EngineConfig, spec_methods: tuple[str, ...]) -> None
             raise EngineError(f"vllm: unknown engine_args key {key!r}{hint}")
 
 
-def check_draft_name(draft: str) -> None:
-    """vLLM (config/speculative.py) takes a draft whose path holds these names for that head."""
-    path = os.path.abspath(os.path.expanduser(draft)) if os.path.exists(draft) else draft
-    for part, method in (("eagle-", "eagle"), ("eagle3", "eagle3"), ("dflash", "dflash")):
-        if part in path.lower():
-            raise EngineError(f"vllm: draft model path {path!r} contains {part!r}, which vLLM "
-                              f"reads as method {method!r}; move or link the draft elsewhere")  # fmt: skip
+def check_draft_name(spec: Mapping[str, Any]) -> None:
+    """vLLM (config/speculative.py) takes a draft whose path, as given, holds one for that head."""
+    draft = spec.get("model") if spec.get("method") == "draft_model" else None
+    for part in ("eagle-", "eagle3", "dflash", "dspark"):
+        if isinstance(draft, str) and part in draft.lower():
+            raise EngineError(f"vllm: draft model path {draft!r} contains {part!r}, which vLLM "
+                              f"reads as that head; move or link the draft elsewhere")  # fmt: skip
 
 
 SCHEDULE = "num_speculative_tokens_per_batch_size"

@@ -99,6 +99,16 @@ def test_max_model_len_given_twice_or_to_no_vllm_engine_is_refused(
     assert says in err and "Traceback" not in err
 
 
+def test_tune_refuses_new_tokens_past_max_model_len(tiny_pair, capsys, tmp_path) -> None:
+    """tune checks the lengths as a run does, before anything loads."""
+    argv = ["tune", "--quiet", "--workload", "tiny", "--model", tiny_pair[0], "--engine", "vllm",
+            "--spec", "ngram", "--max-model-len", "64", "--max-new-tokens", "64",
+            "--output-dir", str(tmp_path / "t")]  # fmt: skip
+    rc = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "does not fit --max-model-len 64" in err and "Traceback" not in err, err
+
+
 @pytest.mark.slow
 def test_the_in_process_vllm_engine_runs_with_the_flag(tmp_path, tiny_pair, capsys) -> None:
     """A real run on the tiny pair: vLLM's own model config says 256 (not the CPU default 2048),

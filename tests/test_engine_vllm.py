@@ -353,8 +353,12 @@ def test_a_draft_path_vllm_would_read_as_an_eagle_head_is_refused(pair, tmp_path
     link.parent.mkdir()
     link.symlink_to(Path(pair[1]).resolve())
     spec = {"method": "draft_model", "model": str(link), "num_speculative_tokens": 2}
-    with pytest.raises(EngineError, match="reads as method 'eagle'"):
+    with pytest.raises(EngineError, match="contains 'eagle-', which vLLM reads as that head"):
         VLLMEngine.validate(EngineConfig(engine="vllm", model=pair[0], spec_config=spec))
+    from engines.vllm_server import VLLMServerEngine  # vllm serve reads it the same way
+
+    with pytest.raises(EngineError, match="contains 'eagle-'"):
+        VLLMServerEngine.validate(EngineConfig(engine="vllm-server", model=pair[0], spec_config=spec))
     spec["model"] = pair[1]
     VLLMEngine.validate(EngineConfig(engine="vllm", model=pair[0], spec_config=spec))
 

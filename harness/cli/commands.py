@@ -69,7 +69,8 @@ def with_reading(data: dict[str, Any]) -> dict[str, Any]:
     from harness.core.results import Run
 
     answer = data.get("answer")
-    if answer is not None and "distributions" in data and "blocks" in answer:
+    stops_read = all("answer" in s for s in (answer or {}).get("stops", []))
+    if answer is not None and "distributions" in data and "blocks" in answer and stops_read:
         return data
     runs = [Run.from_json(r) for r in data.get("runs", [])]
     if "distributions" in data:

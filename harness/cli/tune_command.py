@@ -127,7 +127,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str]) -> int:
     from harness.cli.pipeline import prepare
-    from harness.cli.preflight import engine_methods
+    from harness.cli.preflight import check_models, engine_methods
     from harness.cli.tune_variants import tuned_methods
     from workloads import WorkloadError
 
@@ -147,6 +147,7 @@ def main(argv: Sequence[str]) -> int:
         args.spec = args.spec or (None if args.spec_config else "all")  # a head: tune it alone
         prepared = prepare(args)  # the run pipeline's front: the dataset once, the plan, models
         plan, workload, out = prepared.plan, prepared.workload, prepared.out
+        check_models(plan)  # --max-new-tokens at or past --max-model-len, vocabularies
         methods = tuned_methods(plan, engine_methods(plan)[engines[0]])  # with --spec-config's
         if not methods:
             raise UsageError(f"tune: no speculative method applies to {engines[0]}")

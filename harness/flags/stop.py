@@ -19,7 +19,7 @@ DEFAULT_BUDGET_MIN = 8.0
 
 
 def add(r: argparse._ArgumentGroup) -> None:
-    """--repeats, --budget, --target-ci, --max-repeats (resolved by plan_flags._stopping)."""
+    """--repeats, --budget, --target-ci, --max-repeats (resolved by harness.flags.plan._stopping)."""
     r.add_argument(
         "--repeats",
         type=positive_int,
