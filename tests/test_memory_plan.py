@@ -284,12 +284,14 @@ HUB_ID = "no-such-org/no-such-model-26"
     ids=["run", "tokenizer of a synthetic dataset"],
 )  # fmt: skip
 def test_a_hub_that_never_answers_stops_the_run_in_one_line(silent_hub, tmp_path, dataset):
-    """huggingface_hub retries an unanswered request for minutes; the harness waits 10 s for
-    the config.json it reads before loading (the memory plan's, a synthetic dataset's probe)."""
-    done = harness_against(silent_hub, tmp_path, *dataset, "--output-dir", str(tmp_path / "o"))
+    """huggingface_hub retries an unanswered request for minutes; the harness waits
+    $HARNESS_HUB_TIMEOUT_S (10 s; 2 here) for the config.json it reads before loading (the
+    memory plan's, a synthetic dataset's probe)."""
+    done = harness_against(silent_hub, tmp_path, *dataset, "--output-dir", str(tmp_path / "o"),
+                           HARNESS_HUB_TIMEOUT_S="2")  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [
-        f"error: {HUB_ID}: config.json not readable (hub not reachable in 10 s; offline? set "
+        f"error: {HUB_ID}: config.json not readable (hub not reachable in 2 s; offline? set "
         "HF_HUB_OFFLINE=1 or pass a local path)"
     ]
 

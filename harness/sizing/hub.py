@@ -17,7 +17,18 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
-HUB_TIMEOUT_S = 10.0
+
+
+def _timeout(default: float = 10.0) -> float:
+    """$HARNESS_HUB_TIMEOUT_S (seconds > 0), else ``default``."""
+    try:
+        value = float(os.environ.get("HARNESS_HUB_TIMEOUT_S", default))
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+HUB_TIMEOUT_S = _timeout()
 OFFLINE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")  # huggingface_hub's, read at call time
 UNREACHABLE_HOW = "offline? set HF_HUB_OFFLINE=1 or pass a local path"
 _unreachable: dict[str, str] = {}  # endpoint -> why (this process asks it no more)
