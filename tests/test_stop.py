@@ -137,8 +137,10 @@ def test_sigterm_during_an_hf_generate_keeps_its_record(tmp_path, tiny_pair):
         text=True,
     )
     journal = out / "journal.jsonl"
-    wait_for(lambda: journal.exists() and '"kind": "run"' in journal.read_text(), proc, 600)
-    time.sleep(2.0)  # the first request is generating (1500 tokens take far longer)
+    # the first record journalled, the second request is generating (1500 tokens take over a
+    # second even on a fast machine; a fixed sleep after the run began missed it there)
+    wait_for(lambda: journal.exists() and '"kind": "record"' in journal.read_text(), proc, 600)
+    time.sleep(0.3)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 143, err[-3000:]
