@@ -127,4 +127,6 @@ def test_tune_tunes_the_k_of_a_head_given_by_spec_config(tmp_path, tiny_pair, ca
     assert len(acc) == 3 and acc[0] > 0  # the head drafts tokens the target accepts
     assert tune["verification"]["fixed"].startswith("eagle3(k=")
     md = (out / "tune.md").read_text()
-    assert "| 1 | eagle3(k=" in md and "## Verification" in md
+    # a raced K has a row, a pruned one its prediction under the table (which, the data decide)
+    raced = "| 1 | eagle3(k=" in md
+    assert (raced or "not raced (predicted): eagle3(k=" in md) and "## Verification" in md, md
