@@ -9,7 +9,7 @@ random, blocks swamp the tied embedding and two models agree on nothing). Measur
 
 - per-step time of one decode forward of each (``HFEngine.step_costs``), hence c = draft/target;
 - batch-1 decode tok/s through the harness (1/median TPOT) against the bandwidth bound
-  (``harness.analysis.sol.speed_of_light``, weights read per token / measured device bandwidth);
+  (``harness.analysis.theory.sol.speed_of_light``, weights read per token / measured device bandwidth);
 - plain vs assisted generation (K=4 constant, and HF's default heuristic schedule), interleaved.
   With alpha = 1 the assisted speedup here is the ceiling of that pair on that device, next to
   the post's 1.34x and the Leviathan prediction (K+1)/(K*c+1);
@@ -35,7 +35,7 @@ from typing import Any
 
 from bench.common import prompts, requests, table
 from bench.sol import weights_read_per_token
-from harness.analysis.sol import measure_bandwidth, speed_of_light
+from harness.analysis.theory.sol import measure_bandwidth, speed_of_light
 
 OPT_VOCAB = 50272
 SIZES: dict[str, dict[str, dict[str, int]]] = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.common import Headline, Result, prompts, requests, table, target_model
-from harness.analysis.sol import measure_bandwidth, speed_of_light  # noqa: F401 - re-exported
+from harness.analysis.theory.sol import measure_bandwidth, speed_of_light  # noqa: F401 - re-exported
 
 
 def weights_read_per_token(model: Any) -> tuple[int, int]:
@@ -35,7 +35,7 @@ def weights_read_per_token(model: Any) -> tuple[int, int]:
 
 async def _decode_rate(engine: Any, texts: list[str], tokens: int) -> dict[str, float]:
     from engines.base import GenParams
-    from harness.analysis.stats import summarize
+    from harness.analysis.comparisons.stats import summarize
     from harness.core.load import Synchronous
     from harness.run.runner import Runner
 

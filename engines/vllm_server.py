@@ -357,7 +357,7 @@ class VLLMServerEngine(VLLMServerFlags, Engine):
 
     async def _kv_block_size(self) -> int | None:
         """The server's KV block (``vllm:cache_config_info``): a trace replay's cache hits
-        round to it (harness.analysis.replay); None when /metrics does not say."""
+        round to it (harness.analysis.workload.replay); None when /metrics does not say."""
         timeout = aiohttp.ClientTimeout(total=10)
         try:
             async with aiohttp.ClientSession() as session:

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from harness.analysis.paired import compare_groups
-from harness.analysis.stats import MIN_REPEATS, log_ratio_ci, verdicts
+from harness.analysis.comparisons.paired import compare_groups
+from harness.analysis.comparisons.stats import MIN_REPEATS, log_ratio_ci, verdicts
 from harness.core.records import RequestRecord
 from harness.core.results import Cell, Run
 from harness.flags.stop import DEFAULT_REPEATS

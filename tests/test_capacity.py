@@ -1,4 +1,4 @@
-"""Capacity under an SLO (harness.analysis.capacity): the search and its CIs on simulated
+"""Capacity under an SLO (harness.analysis.capacity.slo): the search and its CIs on simulated
 engines whose latency-vs-rate curve is given (known truth), with per-run noise and drift."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from harness.analysis.capacity import capacities, margin_of, next_rate
+from harness.analysis.capacity.slo import capacities, margin_of, next_rate
 
 SLO = {"ttft": 500.0, "tpot": 100.0}
 REPEATS = 3
@@ -78,7 +78,7 @@ def test_rate_crossover_from_the_probed_points() -> None:
     those same probes (placed for the capacities, not for it): its estimate within 20% in
     >= 90% of runs, its CI covering the truth in >= 85% (90% measured: the line through the
     probes near the sign change bends; the issue sets no rate for this one)."""
-    from harness.analysis.capacity_crossover import rate_crossover
+    from harness.analysis.capacity.crossover import rate_crossover
 
     rng = np.random.default_rng(3)
     curves = {"baseline": (1.0, 10.0), "spec": (0.7, 8.0)}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.analysis.categories import category_tables
 from harness.analysis.derived import analyze
+from harness.analysis.workload.categories import category_tables
 from harness.core.records import RequestRecord
 from harness.core.results import Cell, Run
 from harness.report.markdown import render

@@ -8,7 +8,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from harness.analysis.paired import comparisons
+from harness.analysis.comparisons.paired import comparisons
 from harness.cli.commands import load_results
 from harness.core.records import RequestRecord
 from harness.core.results import SCHEMA_VERSION, Cell, Run, group_runs

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harness.analysis.paired import UNPAIRED
+from harness.analysis.comparisons.paired import UNPAIRED
 from harness.cli.main import main
 from harness.core.design import SEPARATE
 from harness.report.vllm_json import from_run

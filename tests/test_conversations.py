@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import pytest
 
 from engines.base import Chunk, Engine, EngineConfig, GenParams, Request
-from harness.analysis.turns import turn_tables
+from harness.analysis.workload.turns import turn_tables
 from harness.core.design import INTERLEAVED, Slot
 from harness.core.load import Concurrent, Synchronous
 from harness.core.results import Cell, Run

@@ -12,8 +12,8 @@ import pytest
 
 from engines import base as engines_base
 from engines.base import Capabilities, Chunk, EngineConfig, GenParams, Request
-from harness.analysis.paired import comparisons
-from harness.analysis.stats import summarize
+from harness.analysis.comparisons.paired import comparisons
+from harness.analysis.comparisons.stats import summarize
 from harness.core.design import INTERLEAVED, SEQUENTIAL, build_order, lane_order, warmup_requests
 from harness.run.plan import RunPlan
 from harness.run.session import Session

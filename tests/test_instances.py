@@ -14,7 +14,7 @@ import pytest
 
 from engines import base as engines_base
 from engines.base import Capabilities, Chunk, EngineConfig, EngineError, GenParams, Request
-from harness.analysis.paired import comparisons
+from harness.analysis.comparisons.paired import comparisons
 from harness.core.design import ONE, PER_BLOCK, build_order, build_orders, lane_order
 from harness.flags.options import UsageError
 from harness.flags.parser import build_parser
@@ -142,10 +142,10 @@ def test_the_heap_is_trimmed_after_every_block_before_its_rss_is_read(
 ) -> None:
     """Closed engines leave freed heap in glibc's arenas (engines/heap.py): each block's close
     is followed by one trim, before the next block builds, and what it returned is recorded."""
-    from harness.run import session as session_module
+    from harness.run import blocks
 
     log: list[Any] = []
-    monkeypatch.setattr(session_module, "trim_heap", lambda: log.append(("trim",)) or 12.5)
+    monkeypatch.setattr(blocks, "trim_heap", lambda: log.append(("trim",)) or 12.5)
     session, _, _ = _run(_plan(engines=("rebuilt",)), LABELS, log=log)
     kinds = [e[0] for e in log if e[0] != "req"]
     assert kinds == (["start"] * 3 + ["close"] * 3 + ["trim"]) * 3

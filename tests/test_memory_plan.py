@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from harness.analysis.sol import count_params
+from harness.analysis.theory.sol import count_params
 from harness.cli.main import main
 from harness.sizing.memory import Device
 from harness.sizing.model_size import model_size, read_config, resolve_dtype

@@ -1,4 +1,4 @@
-"""Saturation detection (harness.analysis.saturation via harness.run.saturation): against a
+"""Saturation detection (harness.analysis.capacity.saturation via harness.run.saturation): against a
 server whose service rate is known, points above it are stopped as saturated within a bounded
 number of requests, points below it are not (false alarms <= 5% over seeds)."""
 

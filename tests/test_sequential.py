@@ -3,7 +3,7 @@
 The experiments are tests/test_calibration.py's (per-prompt spread, 3-10% run noise, a 3%
 instance offset per fresh instance, a 3% shift of the machine at a random moment, rotated
 order), run to the default cap; the stopping rule is the one the session applies after every
-block (harness.analysis.sequential.run_to_stop: the first look whose interval decides, else the
+block (harness.analysis.comparisons.sequential.run_to_stop: the first look whose interval decides, else the
 cap). A session test checks that the session stops where that rule says.
 
 ``python -m tests.test_sequential`` prints the power table of the README's page
@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from engines.base import EngineConfig, Request
-from harness.analysis import sequential
-from harness.analysis.paired import log_speedups
-from harness.analysis.sequential import DEFAULT_CAP, Rule, boundaries, run_to_stop
-from harness.analysis.stats import t975
+from harness.analysis.comparisons import sequential
+from harness.analysis.comparisons.paired import log_speedups
+from harness.analysis.comparisons.sequential import DEFAULT_CAP, Rule, boundaries, run_to_stop
+from harness.analysis.comparisons.stats import t975
 from harness.core.results import group_runs
 from harness.flags.options import UsageError
 from harness.flags.parser import build_parser
@@ -207,7 +207,7 @@ def test_repeats_fixes_n_and_the_plan_records_the_design() -> None:
 
 
 if __name__ == "__main__":  # the power table of docs/statistics-sequential.md
-    from harness.analysis.stats import log_ratio_ci, verdicts
+    from harness.analysis.comparisons.stats import log_ratio_ci, verdicts
 
     for effect in (1.10, 1.20):
         rng = np.random.default_rng(7)

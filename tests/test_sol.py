@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.analysis.sol import bound_for, count_params, speed_of_light, weights_device
+from harness.analysis.theory.sol import bound_for, count_params, speed_of_light, weights_device
 
 
 def test_count_params_reads_the_header(tiny_pair):
@@ -25,7 +25,7 @@ def test_a_failed_device_measurement_gives_no_bound_not_a_lost_file(monkeypatch,
     journaled CUDA run resumed on a machine without one) must cost the bound, not the file."""
     from types import SimpleNamespace
 
-    import harness.analysis.sol
+    import harness.analysis.theory.sol
     from harness.cli.finalize import _speed_of_light
     from harness.core.results import Cell, Run
 
@@ -34,7 +34,7 @@ def test_a_failed_device_measurement_gives_no_bound_not_a_lost_file(monkeypatch,
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         return {"best": 1e10, "median": 1e10, "bytes": 1.0}
 
-    monkeypatch.setattr(harness.analysis.sol, "measure_bandwidth", broken)
+    monkeypatch.setattr(harness.analysis.theory.sol, "measure_bandwidth", broken)
     cell = Cell("hf", "baseline", "latency", {"concurrency": 1}, 8, 0, "w")
     plan = SimpleNamespace(model=tiny_pair[0])
 

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from harness.analysis.paired import compare_groups, comparisons, precise_enough
-from harness.analysis.pooled import pooled
-from harness.analysis.stats import (
+from harness.analysis.comparisons.paired import compare_groups, comparisons, precise_enough
+from harness.analysis.comparisons.pooled import pooled
+from harness.analysis.comparisons.stats import (
     compare_log_ratios,
     distribution,
     median,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from engines.base import GenParams
-from harness.analysis.replay import replay_tables
+from harness.analysis.workload.replay import replay_tables
 from harness.core.replay import TraceReplay
 from harness.core.results import Cell, Run
 from harness.run.runner import Runner

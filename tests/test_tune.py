@@ -404,7 +404,7 @@ def test_an_undecided_load_emits_its_leader_only_where_its_ci_is_above_one():
     baseline above 1, else K = 0 (an unproven leader once ran below the baseline in
     verification: docs/measurements.md). A decided load keeps the point-estimate standard of the
     fixed K it is verified against (docs/tune.md); within the tolerance: off."""
-    from harness.analysis.stats import compare_log_ratios
+    from harness.analysis.comparisons.stats import compare_log_ratios
     from harness.tune.schedule import UNDECIDED_OFF, picks
     from harness.tune.search import Candidate, LoadResult
 

@@ -230,7 +230,7 @@ def trace_workload(spec_path: str | Path, tokenizer: str, trace: Any) -> Workloa
         "span_s": requests[-1].send_s,
         "input_tokens": sum(len(r.prompt_token_ids or ()) for r in requests),
         "shared_prefix_tokens": sum(shared),
-        # per request id: the trace's shared prefix (harness.analysis.replay compares it with the
+        # per request id: the trace's shared prefix (harness.analysis.workload.replay compares it with the
         # prefix-cache hits the engine reports)
         "shared_prefix_by_request": {r.id: n for r, n in zip(requests, shared)},
     }

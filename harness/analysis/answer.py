@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.analysis.clocks import clock_warnings
+from harness.analysis.comparisons.sequential import rule_of
 from harness.analysis.distributions import distributions
-from harness.analysis.sequential import rule_of
 from harness.core.results import Run
 
 PAYS, DOES_NOT, NOT_SIGNIFICANT, NO_VERDICT = (
@@ -205,7 +205,7 @@ def answer(
     sequential: bool = False,
 ) -> dict[str, Any]:
     """The stored answer block (see the module docstring); ``sequential``: the comparisons'
-    intervals are the sequential design's (harness.analysis.sequential)."""
+    intervals are the sequential design's (harness.analysis.comparisons.sequential)."""
     order = variant_order(rows)
     deciding = [c for c in comps if c.get("decides")]
     spec = [_entry(c) for c in deciding if _same_engine(c) and c["baseline"] != c["candidate"]]

@@ -4,9 +4,9 @@ returns (:mod:`harness.report.markdown`, :mod:`harness.report.plots`).
 
 Layout (each list in a stable order that the markdown follows):
 
-* ``rows``: one per configuration at one point, repeats pooled (:func:`harness.analysis.pooled.pooled`),
+* ``rows``: one per configuration at one point, repeats pooled (:func:`harness.analysis.comparisons.pooled.pooled`),
   with the index of its deciding comparison and of its lossless check;
-* ``comparisons``: paired comparisons (:func:`harness.analysis.paired.comparisons`), each with its ``id``;
+* ``comparisons``: paired comparisons (:func:`harness.analysis.comparisons.paired.comparisons`), each with its ``id``;
 * ``lossless``: the output check of each compared pair at each point;
 * ``theory``, ``crossover``, ``speed_of_light``, ``not_run``;
 * ``answer``: the answer block read first (:mod:`harness.analysis.answer`);
@@ -19,14 +19,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.analysis.answer import reading
-from harness.analysis.categories import category_tables
-from harness.analysis.crossover import crossover
-from harness.analysis.paired import comparisons, deciding_metric
-from harness.analysis.pooled import point_key, pooled
+from harness.analysis.comparisons.paired import comparisons, deciding_metric
+from harness.analysis.comparisons.pooled import point_key, pooled
+from harness.analysis.comparisons.sequential import rule_of
+from harness.analysis.comparisons.stats import PERCENTILES, summarize
 from harness.analysis.sanity import lossless
-from harness.analysis.sequential import rule_of
-from harness.analysis.stats import PERCENTILES, summarize
-from harness.analysis.theory import theory
+from harness.analysis.theory.crossover import crossover
+from harness.analysis.theory.speedup import theory
+from harness.analysis.workload.categories import category_tables
 from harness.core.results import Run, group_runs
 
 KEYS = (
@@ -74,7 +74,7 @@ def analyze(
     ``percentiles``: those kept beside 50, 90, 99 (``--metric-percentiles``); ``summaries``:
     each run's own summary (:func:`run_summaries`), when the caller has them already;
     ``stopping``: the sequential design's record (results.json ``design.stopping``), whose
-    rule then makes every interleaved comparison's interval (harness.analysis.sequential)."""
+    rule then makes every interleaved comparison's interval (harness.analysis.comparisons.sequential)."""
     if summaries is None:
         summaries = run_summaries(runs, goodput, percentiles)
     of = {id(run): s for run, s in zip(runs, summaries)}

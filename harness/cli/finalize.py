@@ -18,7 +18,12 @@ def _speed_of_light(plan: RunPlan, runs: list[Run]) -> dict[str, Any] | None:
     """Batch-1 decode bound of a local target (weights read once per token), or None. The
     bandwidth is measured where the weights are: an in-process engine's device (HF ``device``,
     vLLM ``platform``); host memory otherwise."""
-    from harness.analysis.sol import bound_for, count_params, measure_bandwidth, weights_device
+    from harness.analysis.theory.sol import (
+        bound_for,
+        count_params,
+        measure_bandwidth,
+        weights_device,
+    )
 
     if not any(r.cell.mode == "latency" for r in runs) or count_params(plan.model) is None:
         return None
@@ -40,8 +45,8 @@ def _speed_of_light(plan: RunPlan, runs: list[Run]) -> dict[str, Any] | None:
 def workload_analysis(plan: RunPlan, workload: Any, runs: list[Run]) -> dict[str, Any]:
     """A trace replay's checks (``replay``) and a conversation run's per-turn table (``turns``),
     each empty when the run was neither."""
-    from harness.analysis.replay import replay_tables
-    from harness.analysis.turns import turn_tables
+    from harness.analysis.workload.replay import replay_tables
+    from harness.analysis.workload.turns import turn_tables
 
     params = getattr(workload, "params", None) or {}
     asked = {
@@ -114,8 +119,8 @@ def finalize(
         stopping=(design or {}).get("stopping"),
     )
     results |= workload_analysis(plan, workload, runs)
-    if plan.slo:  # the capacity search's answer (harness.analysis.capacity)
-        from harness.analysis.capacity import capacity_analysis
+    if plan.slo:  # the capacity search's answer (harness.analysis.capacity.slo)
+        from harness.analysis.capacity.slo import capacity_analysis
 
         results["capacity"] = capacity_analysis(runs, plan.slo, plan.slo_quantile, plan.min_effect)
     results["not_run"] = [*results.get("not_run", []), *(skipped or [])]

@@ -3,7 +3,7 @@
 Open loop, like a request rate, but the gaps are the trace's (bursts included), the same
 schedule for every variant of a comparison. The schedule is the workload's (each request's
 ``send_s``, already scaled by the trace's time scale: :mod:`workloads.trace`); the runner does
-the waiting, and the analysis measures how late each send was (harness.analysis.replay).
+the waiting, and the analysis measures how late each send was (harness.analysis.workload.replay).
 """
 
 from __future__ import annotations

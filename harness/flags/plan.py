@@ -185,7 +185,7 @@ def _stopping(args: argparse.Namespace, compares: bool) -> dict[str, Any]:
     run compares and neither --repeats nor --target-ci fixes n (nor --sequential, whose
     comparisons get no interval to decide with); else the fixed n (--target-ci: from --repeats
     up to --max-repeats, default 20)."""
-    from harness.analysis.sequential import DEFAULT_CAP, Rule
+    from harness.analysis.comparisons.sequential import DEFAULT_CAP, Rule
 
     if args.budget is not None and args.budget < 0:
         raise UsageError("--budget: expected minutes >= 0 (0: no budget)")

@@ -8,11 +8,11 @@ import argparse
 from harness.flags.options import positive_float, positive_int
 
 # The fixed-n design (--repeats N, or a run that compares nothing): blocks are the unit of every
-# CI (harness/analysis/stats.py); with a fresh engine per block 4 find a 10% speedup of tok/s at
+# CI (harness/analysis/comparisons/stats.py); with a fresh engine per block 4 find a 10% speedup of tok/s at
 # 3% run noise 54% of the time, 20% 96% (README, Statistics; tests/test_calibration.py).
 DEFAULT_REPEATS = 4
 # A run that compares (--spec, --aa, several engines) uses the sequential design by default
-# (harness.analysis.sequential): looks from 3 blocks, the cap, and one time budget for the
+# (harness.analysis.comparisons.sequential): looks from 3 blocks, the cap, and one time budget for the
 # session, so that the main job's worst case (every answer close) runs the 4 blocks the fixed
 # design ran (~1.8 min a block on 2 cores) and stays under 10 minutes with set-up and report.
 DEFAULT_BUDGET_MIN = 8.0

@@ -1,6 +1,6 @@
 """summary.md's sections for a trace replay (send lag, lengths, prefix-cache hits vs the trace's
 shared prefix) and for a conversation run (the per-turn table); formats results.json's
-``replay`` and ``turns`` (harness.analysis.replay, harness.analysis.turns), computes nothing."""
+``replay`` and ``turns`` (harness.analysis.workload.replay, harness.analysis.workload.turns), computes nothing."""
 
 from __future__ import annotations
 

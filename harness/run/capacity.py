@@ -1,5 +1,5 @@
 """The capacity search's driver: a plan whose rate points are chosen as the session runs
-(:func:`harness.analysis.capacity.next_rate` over the runs so far), each rate run by every
+(:func:`harness.analysis.capacity.slo.next_rate` over the runs so far), each rate run by every
 variant in the session's rotated, interleaved order, repeated ``--repeats`` times. The session
 pulls the next point only after the previous one finished, so the search sees every run."""
 
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.analysis.capacity import next_rate, probe_entry
+from harness.analysis.capacity.slo import next_rate, probe_entry
 from harness.core.design import ONE
 from harness.core.load import Poisson
 from harness.core.results import Run

@@ -94,7 +94,7 @@ class RunPlan:
     workload_fingerprint: str | None = None  # the prompt set itself (set once it is loaded)
     turn: int = 0  # which turn of multi-turn files
     # ---- how the session runs
-    stopping: str = "fixed"  # "sequential" (harness.analysis.sequential) | "fixed" (n = repeats)
+    stopping: str = "fixed"  # "sequential" (analysis.comparisons) | "fixed" (n = repeats)
     budget_s: float | None = None  # sequential: session seconds for all blocks (None: no budget)
     interleave: bool = True  # rotated interleaving (harness.core.design); False: --sequential
     warmup_tokens: int | None = None  # cap on a warm-up request's new tokens (None: the point's)

@@ -1,5 +1,5 @@
 """Watches a rate point or a ramp while it runs and says when to stop it as saturated
-(the test is :func:`harness.analysis.saturation.saturation_check`)."""
+(the test is :func:`harness.analysis.capacity.saturation.saturation_check`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.analysis.saturation import ALPHA, EVERY, MIN_REQUESTS, saturation_check
+from harness.analysis.capacity.saturation import ALPHA, EVERY, MIN_REQUESTS, saturation_check
 from harness.core.records import RequestRecord
 
 SATURATED = "saturated"

@@ -1,7 +1,7 @@
 """When a point of a sequential run stops, and the run's one time budget.
 
 After every block the session asks :meth:`Stopper.wants` for each point: a point stops when
-every comparison that decides there is decided (harness.analysis.sequential: an interval that
+every comparison that decides there is decided (harness.analysis.comparisons.sequential: an interval that
 stays valid at every look), or at the cap; before a block, :meth:`Stopper.fits` says whether the
 block, for the points still undecided, fits in what is left of the budget (predicted from the
 blocks run so far). The first ``rule.first`` blocks always run: no verdict exists before them.
@@ -15,9 +15,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.analysis.paired import comparisons
-from harness.analysis.pooled import point_key
-from harness.analysis.sequential import Rule
+from harness.analysis.comparisons.paired import comparisons
+from harness.analysis.comparisons.pooled import point_key
+from harness.analysis.comparisons.sequential import Rule
 from harness.core.results import Run
 
 DECIDED, CAP, BUDGET = "decided", "cap", "budget"

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from harness.analysis.stats import MIN_REPEATS
+from harness.analysis.comparisons.stats import MIN_REPEATS
 from harness.tune.search import BASELINE, Arm, Settings
 
 DEFAULT_START_S = 30.0  # an in-process vLLM engine on 2 CPU cores: only before one was measured

@@ -9,7 +9,7 @@ import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from harness.analysis.stats import Comparison, compare_log_ratios
+from harness.analysis.comparisons.stats import Comparison, compare_log_ratios
 
 COST_RANK = {None: 0, "ngram": 1, "suffix": 2, "mtp": 3, "eagle3": 3, "eagle": 3, "draft_model": 4}
 
@@ -94,7 +94,7 @@ class LoadResult:
 
 def compare(a: Mapping[int, Sample], b: Mapping[int, Sample], tol: float) -> Comparison:
     """Tokens/s of ``a`` over ``b``, paired by round (both ran in it): the harness's comparison
-    (harness/analysis/stats.py: a t-interval on per-round log ratios, the round being the unit)."""
+    (harness/analysis/comparisons/stats.py: a t-interval on per-round log ratios, the round being the unit)."""
     logs = [
         math.log((a[r].tokens / a[r].seconds) / (b[r].tokens / b[r].seconds))
         for r in sorted(set(a) & set(b))

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.analysis.stats import Comparison
+from harness.analysis.comparisons.stats import Comparison
 from harness.tune.schedule import Pick, Schedule, describe
 from harness.tune.search import LoadResult
 from harness.tune.verify import Verification

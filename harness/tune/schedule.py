@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.vllm_setup import SCHEDULE
-from harness.analysis.stats import Comparison
+from harness.analysis.comparisons.stats import Comparison
 from harness.tune.search import LoadResult
 
 Schedule = tuple[tuple[int, int, int], ...]

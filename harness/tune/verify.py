@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from harness.analysis.stats import Comparison
+from harness.analysis.comparisons.stats import Comparison
 from harness.tune.schedule import (
     Pick,
     Schedule,

@@ -2,7 +2,7 @@
 each point, turn by turn (and all later turns together), the requests' TTFT, TPOT, acceptance
 (from each request's own counts) and the paired speedup over the same engine's baseline on that
 turn's requests, with the same interval and verdict as every other comparison (repeats paired,
-:func:`harness.analysis.paired.compare_groups`).
+:func:`harness.analysis.comparisons.paired.compare_groups`).
 
 Why by turn: turn 1 is a plain prompt; from turn 2 on the prompt holds the variant's own
 earlier answers, which is where methods that copy from the context (n-gram, suffix) can win,
@@ -15,10 +15,15 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from harness.analysis.categories import acceptance
-from harness.analysis.paired import UNPAIRED, UNPAIRED_DESIGNS, compare_groups, pair_design
-from harness.analysis.pooled import point_key
-from harness.analysis.stats import distribution
+from harness.analysis.comparisons.paired import (
+    UNPAIRED,
+    UNPAIRED_DESIGNS,
+    compare_groups,
+    pair_design,
+)
+from harness.analysis.comparisons.pooled import point_key
+from harness.analysis.comparisons.stats import distribution
+from harness.analysis.workload.categories import acceptance
 from harness.core.results import Run, group_runs
 from workloads.conversations import split_turn
 

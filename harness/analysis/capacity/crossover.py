@@ -1,6 +1,6 @@
 """The crossover in capacity terms: the request rate at which a speculative variant's latency
 (E2E at the SLO's quantile: the deciding latency at a rate, as in
-:func:`harness.analysis.paired.deciding_metric`) stops being better than the baseline's, with a
+:func:`harness.analysis.comparisons.paired.deciding_metric`) stops being better than the baseline's, with a
 CI, from the capacity search's probed points (saturated probes left out: their latency only
 measured the queue)."""
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.analysis.stats import log_ratio_ci
+from harness.analysis.comparisons.stats import log_ratio_ci
 
 METRIC = "e2e"
 NEAR = 2  # probed rates each side of the sign change that the per-repeat line is fitted to

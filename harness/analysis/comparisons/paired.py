@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from harness.analysis.pooled import point_key
-from harness.analysis.sequential import Rule, sequential_comparison
-from harness.analysis.stats import (
+from harness.analysis.comparisons.pooled import point_key
+from harness.analysis.comparisons.sequential import Rule, sequential_comparison
+from harness.analysis.comparisons.stats import (
     MIN_REPEATS,
     Comparison,
     compare_log_ratios,
@@ -121,8 +121,8 @@ def compare_groups(
     base: list[Run], cand: list[Run], *, min_effect: float, seed: int = 0, rule: Rule | None = None
 ) -> dict[str, Comparison]:
     """Speedups of ``cand`` over ``base`` (>1 = candidate better) for every metric, paired by
-    repeat (see harness/analysis/stats.py for why the repeat is the unit); with ``rule`` the
-    sequential design's interval (harness.analysis.sequential). ``seed`` is unused (the
+    repeat (see harness/analysis/comparisons/stats.py for why the repeat is the unit); with ``rule`` the
+    sequential design's interval (harness.analysis.comparisons.sequential). ``seed`` is unused (the
     t-interval draws nothing) and kept for callers."""
     del seed
     if rule is not None:
@@ -150,7 +150,7 @@ def comparisons(
         metric       "output_tok_s" | "tpot" | "ttft" | "e2e"
         estimate     speedup, >1 = candidate better (tok/s: cand/base; latencies: base/cand),
                      exp(mean of per-repeat log speedups); None when nothing paired
-        lo, hi       95% CI of the speedup; None when n < MIN_REPEATS (harness.analysis.stats) or the
+        lo, hi       95% CI of the speedup; None when n < MIN_REPEATS (harness.analysis.comparisons.stats) or the
                      design is sequential/mixed (verdict "n/a (sequential design)")
         n            repeats paired (the unit), i.e. how many repeats this point used
         method       how the CI was made ("t on per-repeat log ratios")
@@ -163,11 +163,11 @@ def comparisons(
                      "sequential", "mixed", "unknown", "separate sessions")
         (harness.analysis.derived adds ``id`` and ``lossless``, the index of the pair's output check)
 
-    With ``rule`` (the run's sequential design, harness.analysis.sequential) every interleaved
+    With ``rule`` (the run's sequential design, harness.analysis.comparisons.sequential) every interleaved
     pair's interval is the group-sequential one, reported at its first deciding look, and the
     dict adds ``looks`` (each look: n, estimate, lo, hi, boundary, decided, verdict), ``blocks``
     (the n reported) and ``stopped`` ("decided", or why its point stopped: ``stopped`` maps a
-    point key (harness.analysis.pooled.point_key) to "cap", "budget", ...; "cap" when n
+    point key (harness.analysis.comparisons.pooled.point_key) to "cap", "budget", ...; "cap" when n
     reached the cap).
     """
     del seed

@@ -1,7 +1,7 @@
 """A sequential design per comparison: look after every block, stop when the verdict is settled.
 
 The data are the blocks' log speedups d_1, d_2, ... (one per block, as for the fixed-n
-t-interval of :mod:`harness.analysis.stats`). At look n (n = ``first`` .. ``cap``) the interval
+t-interval of :mod:`harness.analysis.comparisons.stats`). At look n (n = ``first`` .. ``cap``) the interval
 is the *repeated confidence interval* exp(mean_n +- c_n * sd_n / sqrt(n)): c_n is a
 group-sequential boundary on the t-statistic, chosen so that under normal log ratios the
 probability that ANY look's interval misses the truth is ``alpha``. The intervals then cover
@@ -32,7 +32,7 @@ Why this and not the alternatives (at 3-12 blocks, where this harness lives):
   with the spending function's increment as the tail (400,000 paths, fixed seed, cached: the
   alpha actually spent is within ~0.001 of the nominal).
 
-Verdicts: an interval above or below 1 decides (:func:`harness.analysis.stats.verdicts`
+Verdicts: an interval above or below 1 decides (:func:`harness.analysis.comparisons.stats.verdicts`
 names it: "faster", "slower", or "within +-2%" when the effect is under ``--min-effect``); an
 interval inside [1 - min_effect, 1 + min_effect] decides "within +-2%" (equivalence); else the
 comparison is undecided at that look. A comparison reports its first deciding look (that look
@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.analysis.stats import MIN_REPEATS, Comparison, verdicts
+from harness.analysis.comparisons.stats import MIN_REPEATS, Comparison, verdicts
 
 ALPHA = 0.05
 SPENDING = ("pocock", "obrien-fleming")

@@ -1,6 +1,6 @@
 """The crossover: up to which load a speculative configuration pays, and where it stops, judged
 by each point's deciding comparison (tokens/s in closed loop, E2E at a request rate, see
-:func:`harness.analysis.paired.deciding_metric`). Latency mode counts as concurrency 1."""
+:func:`harness.analysis.comparisons.paired.deciding_metric`). Latency mode counts as concurrency 1."""
 
 from __future__ import annotations
 

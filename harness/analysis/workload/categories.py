@@ -1,7 +1,7 @@
 """Per-category comparisons in Spec-Bench's shape: for a workload whose requests carry a
 ``category``, each speculative variant's speedup over its baseline within each category and over
 all of them, with the same interval and verdict as every other comparison (repeats paired,
-:func:`harness.analysis.paired.compare_groups`), and the category's acceptance from each request's own
+:func:`harness.analysis.comparisons.paired.compare_groups`), and the category's acceptance from each request's own
 counts (vLLM's per-request spec decode metrics) where the engine reported them.
 
 Why: one speedup over a mixed workload hides that n-gram lookup pays where the answer copies
@@ -15,13 +15,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from harness.analysis.paired import (
+from harness.analysis.comparisons.paired import (
     UNPAIRED,
     UNPAIRED_DESIGNS,
     compare_groups,
     pair_design,
 )
-from harness.analysis.sequential import Rule
+from harness.analysis.comparisons.sequential import Rule
 from harness.core.records import RequestRecord
 from harness.core.results import Run, group_runs
 from workloads.conversations import split_turn

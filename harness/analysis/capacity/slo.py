@@ -9,7 +9,7 @@ so a variant's capacity is where its margin crosses 0. The search brackets that 
 doubling (x4 while far inside the SLO; or halving) the rate, then narrows the widest bracket at
 the rate where the line between its margins crosses 0 (regula falsi in log rate, kept at least
 ``CLAMP`` of the bracket from its ends); every variant runs at every probed rate, interleaved,
-so drift falls on all alike. Per repeat ``b`` (the unit, as in :mod:`harness.analysis.stats`),
+so drift falls on all alike. Per repeat ``b`` (the unit, as in :mod:`harness.analysis.comparisons.stats`),
 the capacity is where the line through that repeat's margins at the bracket's two rates crosses
 0; the CI is a t-interval over repeats of the log capacity, and the ratio candidate / baseline
 pairs the repeats.
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.analysis.stats import GOODPUT_METRICS, compare_log_ratios, log_ratio_ci
+from harness.analysis.comparisons.stats import GOODPUT_METRICS, compare_log_ratios, log_ratio_ci
 from harness.core.results import Run
 
 SATURATED_MARGIN = math.log(2.0)  # a saturated probe fails: its margin is at least this
@@ -200,7 +200,7 @@ def capacity_analysis(
 ) -> dict[str, Any]:
     """results.json's ``capacity``: the SLO, every probe, each variant's capacity and the
     ratios (:func:`capacities`), and the crossover by rate."""
-    from harness.analysis.capacity_crossover import rate_crossover
+    from harness.analysis.capacity.crossover import rate_crossover
 
     probes = [e for r in runs if (e := probe_entry(r, slo_ms, q)) is not None]
     variants = list(dict.fromkeys(p["variant"] for p in probes))

@@ -1,0 +1,1 @@
+"""Comparisons and their intervals: paired speedups and verdicts (`paired`), the statistics they rest on (`stats`), the sequential design's intervals (`sequential`), repeats pooled per configuration (`pooled`)."""
