@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from engines.base import Chunk, EngineConfig, GenParams, Request
+from engines.base import Chunk, EngineConfig, EngineError, GenParams, Request
 from harness.analysis.comparisons.pooled import point_key
 from harness.analysis.comparisons.sequential import rule_of
 from harness.core.results import Run
@@ -64,7 +64,9 @@ class TwoPoints(NoisyEngine):
             yield chunk
 
 
-def _session(instances: str, stop_at: int | None = None, before: list[Run] = ()) -> Session:
+def _session(
+    instances: str, stop_at: int | None = None, before: list[Run] = (), engine: type = TwoPoints
+) -> Session:
     """A sequential session of two points; ``before``: a journal's finished runs (--resume)."""
     argv = ["--engine", "hf", "--spec", "ngram", "--mode", "latency", "--warmup", "0",
             "--max-new-tokens", "8", "16", "--budget", "0", "--instances", instances]  # fmt: skip
@@ -72,7 +74,7 @@ def _session(instances: str, stop_at: int | None = None, before: list[Run] = ())
     clock, built = FakeClock(), []
 
     def factory(config: EngineConfig) -> TwoPoints:
-        built.append(TwoPoints(clock, config.spec_config is not None, 7 + len(built)))
+        built.append(engine(clock, config.spec_config is not None, 7 + len(built)))
         return built[-1]
 
     done = {r.cell.key for r in before}
@@ -132,6 +134,54 @@ def test_a_resumed_session_continues_the_looks_where_they_were(instances: str, s
             assert not [r for r in new if r.cell.max_new_tokens == n]
     # the blocks this session ran, each timed (a block of journaled cells is no block)
     assert len(record["blocks_s"]) == len({r.cell.repeat for r in new}) * (instances == "per-block")
+
+
+class FailsAt16(TwoPoints):
+    """TwoPoints whose every run of the 16-token point fails, in both lanes (the engine is lost
+    during it: the counters read after its requests raise); or (``dead``) an engine that never
+    starts."""
+
+    dead = False
+    lost = False
+
+    async def start(self) -> None:
+        if self.dead:
+            raise EngineError("no device")
+        await super().start()
+
+    async def stream(
+        self, request: Request, params: GenParams, clock: Any = None
+    ) -> AsyncIterator[Chunk]:
+        self.lost = request.max_new_tokens == 16
+        async for chunk in super().stream(request, params, clock):
+            yield chunk
+
+    async def refresh_metrics(self) -> None:
+        if self.lost:
+            raise EngineError("device lost")
+
+
+class NeverStarts(FailsAt16):
+    dead = True
+
+
+@pytest.mark.parametrize("instances", ["per-block", "one"])
+@pytest.mark.parametrize("engine", [FailsAt16, NeverStarts])
+def test_a_point_whose_lanes_all_failed_stops_where_they_failed(instances: str, engine: type):
+    """Every lane of the 16-token point halted (its runs failed) or dead (no engine started):
+    the point gets no more blocks, and design.stopping says "failed" with the blocks that every
+    lane finished (0), not the cap's 8 a point with nothing left to run used to count to."""
+    session = _session(instances, engine=engine)
+    points = {
+        int(k.split("/")[2]): v for k, v in session.stopper.record(session.runs)["points"].items()
+    }
+    assert points.get(16, {"blocks": 0, "stopped": "failed"}) == {"blocks": 0, "stopped": "failed"}
+    if engine is FailsAt16:  # the other point runs to its own stop, untouched
+        assert points[8]["stopped"] == "decided" and points[8]["blocks"] < 8, points
+        assert points[16] == {"blocks": 0, "stopped": "failed"}
+    failed = [r for r in session.runs if r.cell.max_new_tokens == 16]
+    assert failed and all(r.status.startswith("failed") for r in failed)
+    assert len(failed) == 2  # one run (or one start) per lane: a failed lane is not retried
 
 
 # ---- real runs: the HF engine on the tiny pair ----------------------------------------------------

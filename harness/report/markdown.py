@@ -238,6 +238,7 @@ STOPPED = {
     "cap": "the cap",
     "budget": "budget spent",
     "stopped": "run stopped",
+    "failed": "every lane failed there",
 }
 
 

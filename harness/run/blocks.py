@@ -41,10 +41,15 @@ class BlockSchedule:
         points = list(self.plan.points())
         halted: set[tuple[int, int]] = set()  # (lane, point) whose run failed: no more repeats
         dead: set[int] = set()  # lanes whose engine did not start
+        failed: set[int] = set()  # points with no lane left: each one dead or halted there
         for block in range(self.plan.max_repeats + (self.stopper is not None)):  # +1: cap look
             if self.stop:
                 break
-            wanted = [i for i, p in enumerate(points) if self._repeating(lanes, p, block)]
+            wanted = [
+                i
+                for i, p in enumerate(points)
+                if i not in failed and self._repeating(lanes, p, block)
+            ]
             todo = {
                 (k, i): cell
                 for k, lane in enumerate(lanes)
@@ -60,6 +65,11 @@ class BlockSchedule:
             if not wanted or not fits:
                 break
             await self._block(lanes, points, block, todo, halted, dead)
+            for i in wanted:
+                if all(k in dead or (k, i) in halted for k in range(len(lanes))):
+                    failed.add(i)
+                    if self.stopper is not None:
+                        self.stopper.failed(self._here(points[i]))
 
     def _here(self, p: Point, before: float = float("inf")) -> list[Run]:
         """The point's runs, any lane, of blocks before ``before`` (a --resume holds later ones)."""
@@ -145,5 +155,9 @@ class BlockSchedule:
                 if run.status != "ok" and not run.status.startswith("saturated"):  # it repeats
                     active.remove(lane)
             repeat += 1
+            if not active:  # every lane's run failed: the point stops where they did
+                if self.stopper is not None:
+                    self.stopper.failed(self._here(p))
+                break
             if not self._repeating(lanes, p, repeat, t_point) or repeat >= self.plan.max_repeats:
                 break

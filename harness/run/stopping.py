@@ -20,7 +20,7 @@ from harness.analysis.comparisons.pooled import point_key
 from harness.analysis.comparisons.sequential import Rule
 from harness.core.results import Run
 
-DECIDED, CAP, BUDGET = "decided", "cap", "budget"
+DECIDED, CAP, BUDGET, FAILED = "decided", "cap", "budget", "failed"
 
 
 def stopper_for(plan: Any) -> Stopper | None:
@@ -103,6 +103,14 @@ class Stopper:
             self.blocks[key] = len({r.cell.repeat for r in runs if r.status == "ok"})
             self.reasons[key] = DECIDED
         return key is not None and self.reasons[key] == DECIDED
+
+    def failed(self, runs: Sequence[Run]) -> None:
+        """The point of ``runs`` has no lane left (each one's engine died or its run there
+        failed): it stops, with the blocks every lane finished, not counting on to the cap."""
+        key = self._key(runs)
+        if key is not None and key not in self.reasons:
+            self.blocks[key] = complete_blocks(runs, key, 0)
+            self.reasons[key] = FAILED
 
     def fits(self, points: Iterable[int], block: int, elapsed_s: float) -> bool:
         """Whether a block of ``points`` fits in the budget, ``elapsed_s`` into the session:
