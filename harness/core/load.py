@@ -1,13 +1,16 @@
 """Load strategies: each decides only WHEN the next request goes (as GuideLLM's strategies).
 
 A strategy gives the send offset of every request (seconds after the run's start) and an
-optional cap on requests in flight; the runner does the waiting.
+optional cap on requests in flight; the runner does the waiting. An open loop's offsets are a
+schedule (``open_loop``): each request is due then whatever the others do, so its latency as a
+user waits it starts there (:func:`scheduled`); a closed loop's are not (a request goes when a
+slot frees).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -23,6 +26,12 @@ class LoadStrategy(Protocol):
 
     @property
     def label(self) -> str: ...
+
+
+def scheduled(strategy: Any) -> bool:
+    """Whether ``strategy``'s offsets are a schedule the requests are due at (an open loop:
+    a rate, a ramp, a trace); closed loops and strategies that do not say are not."""
+    return bool(getattr(strategy, "open_loop", False))
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,7 @@ class Concurrent:
 class Constant:
     """Open loop at a fixed rate (requests/s), optionally capped in flight."""
 
+    open_loop: ClassVar[bool] = True
     rate: float
     max_concurrency: int | None = None
 
@@ -91,6 +101,7 @@ class Poisson:
     """Open loop with seeded gamma-distributed gaps: ``burstiness`` 1 is a Poisson process
     (as vLLM bench serve's ``--burstiness``); below 1 burstier, above 1 more regular."""
 
+    open_loop: ClassVar[bool] = True
     rate: float
     burstiness: float = 1.0
     seed: int = 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -19,6 +19,7 @@ RAMP_STRATEGIES = ("linear", "exponential")
 class Ramp:
     """Open loop with a rate ramped per request (as vLLM bench's ``get_request``)."""
 
+    open_loop: ClassVar[bool] = True
     strategy: str
     start_rps: float
     end_rps: float

@@ -14,6 +14,11 @@ class RequestRecord:
     ``chunk_times[i]`` is when chunk ``i`` (``chunk_tokens[i]`` tokens) arrived. TTFT, ITL, TPOT
     and E2E are properties, so no metric is stored twice.
 
+    ``t_scheduled``: when an open-loop load (a rate, a ramp, a trace) scheduled the request; it
+    went at ``t_send`` (later, when the client fell behind or waited for a concurrency slot).
+    None for a closed loop, which has no schedule. The latencies from the schedule
+    (``*_from_schedule``) are what a user arriving at the scheduled instant waited.
+
     A successful record with output has its first token inside the request
     (``0 < ttft <= e2e``): anything else is an engine's or the runner's bug, refused here
     (:meth:`problem`) rather than silently dropped from the TTFT statistics.
@@ -32,6 +37,7 @@ class RequestRecord:
     error: str | None = None
     warmup: bool = False
     info: Mapping[str, Any] = field(default_factory=dict)
+    t_scheduled: float | None = None
 
     def __post_init__(self) -> None:
         why = self.problem()
@@ -68,6 +74,32 @@ class RequestRecord:
     @property
     def e2e(self) -> float:
         return self.t_end - self.t_send
+
+    @property
+    def client_queue(self) -> float | None:
+        """Schedule to send: how long the client held the request (None: no schedule)."""
+        return None if self.t_scheduled is None else self.t_send - self.t_scheduled
+
+    @property
+    def ttft_from_schedule(self) -> float | None:
+        if self.t_scheduled is None or not self.chunk_times:
+            return None
+        return self.chunk_times[0] - self.t_scheduled
+
+    @property
+    def e2e_from_schedule(self) -> float | None:
+        return None if self.t_scheduled is None else self.t_end - self.t_scheduled
+
+    @property
+    def user_ttft(self) -> float | None:
+        """TTFT as the user waits it: from the schedule under an open loop, else from the send
+        (the SLO search and goodput judge on this)."""
+        return self.ttft if self.t_scheduled is None else self.ttft_from_schedule
+
+    @property
+    def user_e2e(self) -> float:
+        """E2E as the user waits it (see :attr:`user_ttft`)."""
+        return self.e2e if self.t_scheduled is None else self.t_end - self.t_scheduled
 
     @property
     def itl(self) -> tuple[float, ...]:
@@ -117,6 +149,7 @@ class RequestRecord:
             "error": self.error,
             "warmup": self.warmup,
             "info": dict(self.info),
+            "scheduled_s": None if self.t_scheduled is None else self.t_scheduled - t0,
         }
 
     @classmethod
@@ -156,4 +189,5 @@ class RequestRecord:
             error=d.get("error"),
             warmup=bool(d.get("warmup", False)),
             info=dict(d.get("info") or {}),
+            t_scheduled=None if d.get("scheduled_s") is None else float(d["scheduled_s"]),
         )

@@ -9,7 +9,7 @@ the waiting, and the analysis measures how late each send was (harness.analysis.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 TRACE = "trace"  # the ``arrivals`` value of a replay's load
 
@@ -20,6 +20,7 @@ class TraceReplay:
     flight (``max_concurrency``: a request that finds the cap full goes late, and says so in
     its send lag)."""
 
+    open_loop: ClassVar[bool] = True
     schedule: tuple[float, ...]
     time_scale: float = 1.0
     max_concurrency: int | None = None

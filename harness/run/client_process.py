@@ -62,6 +62,7 @@ class _Given:
 
     given: tuple[float, ...]
     max_concurrency: int | None
+    open_loop: bool = False  # the parent's strategy was a schedule: records keep it
 
     def offsets(self, n: int) -> list[float]:
         return list(self.given[:n])
@@ -103,6 +104,7 @@ class Job:
     t0: float
     duration: float | None
     warmup: bool
+    scheduled: bool = False  # the offsets are an open loop's due instants (records keep them)
 
 
 @dataclass(frozen=True)
@@ -267,7 +269,7 @@ class WorkerLoop:
             on_record=on_record,
             should_stop=lambda: self.stop_job == job.job,
         )
-        strategy = _Given(job.share.offsets, job.share.cap)
+        strategy = _Given(job.share.offsets, job.share.cap, job.scheduled)
         error = None
         ticker = asyncio.ensure_future(flusher())
         try:

@@ -38,7 +38,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from engines.base import EngineError, GenParams, Request
-from harness.core.load import LoadStrategy
+from harness.core.load import LoadStrategy, scheduled
 from harness.core.records import RequestRecord
 from harness.run.client_process import (
     SHARED_CLOCKS,
@@ -221,6 +221,7 @@ class ClientPool:
         if not alive:
             raise EngineError("--client-workers: every client worker has died")
         shares = split(strategy.offsets(len(requests)), strategy.max_concurrency, len(alive))
+        open_loop = scheduled(strategy)
         self._job += 1
         job = self._job
         lazy = not isinstance(requests, (list, tuple))
@@ -231,7 +232,12 @@ class ClientPool:
             positions = share.positions if lazy else None
             h = alive[share.index]  # t0 on the worker's clock
             targets[h.index] = share
-            h.send(Job(job, picked, positions, share, params, t0 + h.offset_s, duration, warmup))
+            h.send(
+                Job(
+                    job, picked, positions, share, params, t0 + h.offset_s, duration, warmup,
+                    open_loop,
+                )
+            )  # fmt: skip
         records: list[tuple[float, int, int, RequestRecord]] = []
         cpu = [0.0] * len(self.handles)
         pending = set(targets)
@@ -260,8 +266,9 @@ class ClientPool:
                     return
                 pending.discard(i)
                 lost = lost_records(
-                    requests, targets[i], i, got[i], t0, runner.clock(), why, warmup, duration
-                )
+                    requests, targets[i], i, got[i], t0, runner.clock(), why, warmup, duration,
+                    open_loop,
+                )  # fmt: skip
                 self.deaths.append({"worker": i, "job": job, "lost": len(lost), "why": why})
                 for rec in lost:
                     records.append((rec.t_send, i, len(records), rec))
@@ -324,11 +331,13 @@ class ClientPool:
 
 
 def shifted(rec: RequestRecord, dt: float) -> RequestRecord:
-    """``rec`` with every stamp moved by ``dt`` seconds (another host's clock onto ours)."""
+    """``rec`` with every stamp moved by ``dt`` seconds (another host's clock onto ours): its
+    schedule too, so the schedule and the stamps stay on one clock."""
     if not dt:
         return rec
     return replace(
         rec,
+        t_scheduled=None if rec.t_scheduled is None else rec.t_scheduled + dt,
         t_send=rec.t_send + dt,
         t_end=rec.t_end + dt,
         chunk_times=tuple(t + dt for t in rec.chunk_times),
@@ -345,6 +354,7 @@ def lost_records(
     why: str,
     warmup: bool,
     duration: float | None = None,
+    open_loop: bool = False,
 ) -> list[RequestRecord]:
     """A dead worker's requests in flight when it died, as failed records with the reason: those
     due by ``now`` (and before ``duration``) that never came back, at most its share's cap of
@@ -360,9 +370,13 @@ def lost_records(
         rid = requests[j].id
         if rid not in received:
             info = {"client_worker": worker}
+            due = t0 + offset if open_loop else None
             out.append(
-                RequestRecord(rid, t0 + offset, now, ok=False, error=why, warmup=warmup, info=info)
-            )
+                RequestRecord(
+                    rid, t0 + offset, now, ok=False, error=why, warmup=warmup, info=info,
+                    t_scheduled=due,
+                )
+            )  # fmt: skip
     return out
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engines.base import Chunk, Clock, Engine, GenParams, Request, UnsupportedError
-from harness.core.load import LoadStrategy
+from harness.core.load import LoadStrategy, scheduled
 from harness.core.records import RequestRecord
 
 OnRecord = Callable[[RequestRecord], None]
@@ -53,6 +53,7 @@ class _Timing:
     request: Request
     t_send: float
     warmup: bool
+    t_scheduled: float | None = None  # an open loop's due instant (the same clock)
     times: list[float] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
@@ -108,6 +109,7 @@ class _Timing:
             error=error,
             warmup=self.warmup,
             info=self.info,
+            t_scheduled=self.t_scheduled,
         )
 
 
@@ -158,9 +160,9 @@ class Runner:
 
     async def _one(
         self, request: Request, params: GenParams, warmup: bool, t_send: float,
-        rate: float | None = None,
+        rate: float | None = None, due: float | None = None,
     ) -> RequestRecord:  # fmt: skip
-        timing = _Timing(request, t_send, warmup)
+        timing = _Timing(request, t_send, warmup, due)
         if rate is not None:  # a ramp: the asked rate at this request's send (harness.core.ramp)
             timing.info["request_rate"] = rate
         error = None
@@ -186,12 +188,15 @@ class Runner:
         rates = strategy.rates(len(requests)) if hasattr(strategy, "rates") else None
         slots = asyncio.Semaphore(strategy.max_concurrency) if strategy.max_concurrency else None
         t0 = self.clock() if t0 is None else t0
+        open_loop = scheduled(strategy)  # the offsets are due instants: records keep them
         tasks: list[asyncio.Task[RequestRecord]] = []
-        sent: list[tuple[Request, float]] = []
+        sent: list[tuple[Request, float, float | None]] = []
 
-        async def go(req: Request, t_send: float, rate: float | None) -> RequestRecord:
+        async def go(
+            req: Request, t_send: float, rate: float | None, due: float | None
+        ) -> RequestRecord:
             try:
-                return await self._one(req, params, warmup, t_send, rate)
+                return await self._one(req, params, warmup, t_send, rate, due)
             finally:
                 if slots is not None:
                     slots.release()
@@ -215,8 +220,9 @@ class Runner:
                     break
                 t_send = self.clock()
                 rate = None if rates is None else rates[i]
-                tasks.append(asyncio.ensure_future(go(req, t_send, rate)))
-                sent.append((req, t_send))
+                due = t0 + offset if open_loop else None
+                tasks.append(asyncio.ensure_future(go(req, t_send, rate, due)))
+                sent.append((req, t_send, due))
             await settle(tasks)
         except BaseException:
             for t in tasks:
@@ -226,8 +232,8 @@ class Runner:
             watch.cancel()
             await settle(tasks)
             made = {
-                i: self._emit(_Timing(req, t_send, warmup).finish(self.clock(), CANCELLED))
-                for i, (t, (req, t_send)) in enumerate(zip(tasks, sent))
+                i: self._emit(_Timing(req, t_send, warmup, due).finish(self.clock(), CANCELLED))
+                for i, (t, (req, t_send, due)) in enumerate(zip(tasks, sent))
                 if t.cancelled()  # cancelled before it ran: its record is made here
             }
         return [made[i] if i in made else t.result() for i, t in enumerate(tasks)]
