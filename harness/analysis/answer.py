@@ -16,7 +16,8 @@ comparison pass through untouched. Layout::
                   not pay")
     engines       each engine's baseline against the first engine's ("is vLLM faster than HF?")
     warnings      what changes the reading: degenerate outputs, outputs not identical to the
-                  baseline, unstable points, concurrency not reached, cells not run
+                  baseline, unstable points, concurrency not reached, cells not run, a
+                  client that fell behind its schedule (harness.analysis.schedule)
     blocks        what ran: the fewest and most blocks (repeats) a row pooled, and the design
                   ("sequential": looks after every block; "fixed": n set before the run), for
                   every view's title (a sequential run's ``config.repeats`` is its first look)
@@ -30,6 +31,7 @@ from typing import Any
 from harness.analysis.clocks import clock_warnings
 from harness.analysis.comparisons.sequential import rule_of
 from harness.analysis.distributions import distributions
+from harness.analysis.schedule import behind_warnings
 from harness.core.results import Run
 
 PAYS, DOES_NOT, NOT_SIGNIFICANT, NO_VERDICT = (
@@ -184,6 +186,7 @@ def _warnings(
         *_row_warnings(rows, where),
         *_lossless_warnings(checks, where),
         *_not_run_warnings(not_run, where),
+        *behind_warnings(rows, where),
     ]
 
 

@@ -24,6 +24,7 @@ from harness.analysis.comparisons.pooled import point_key, pooled
 from harness.analysis.comparisons.sequential import rule_of
 from harness.analysis.comparisons.stats import PERCENTILES, summarize
 from harness.analysis.sanity import lossless
+from harness.analysis.schedule import schedule_latencies
 from harness.analysis.theory.crossover import crossover
 from harness.analysis.theory.speedup import theory
 from harness.analysis.workload.categories import category_tables
@@ -50,7 +51,10 @@ def run_summaries(
 ) -> list[dict[str, Any]]:
     """Each run's summary (results.json ``runs[i].summary``), computed once for the record and
     the pooled rows alike."""
-    return [summarize(run.records, goodput, percentiles) for run in runs]
+    return [
+        summarize(run.records, goodput, percentiles) | schedule_latencies(run.records, percentiles)
+        for run in runs
+    ]
 
 
 def _point_of(c: Mapping[str, Any]) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 
 from harness.analysis.comparisons.stats import PERCENTILES, instability, median, summarize
 from harness.analysis.sanity import sanity
+from harness.analysis.schedule import schedule_latencies
 from harness.core.results import Run
 
 UNSTABLE = 0.10  # pyperf warns when repeats spread over 10% (stdev / median)
@@ -89,7 +90,7 @@ def pooled(
     run's own summary, for the medians over repeats), ``spec``, ``sanity``, the repeats used."""
     c = runs[0].cell
     records = [r for run in runs for r in run.records]
-    s = summarize(records, goodput, percentiles)
+    s = summarize(records, goodput, percentiles) | schedule_latencies(records, percentiles)
     per_rep = [x for x in (p.get("output_tok_s") for p in per_run) if x is not None]
     s["output_tok_s_runs"] = per_rep
     s["output_tok_s"] = median(per_rep)

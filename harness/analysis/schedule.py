@@ -1,0 +1,85 @@
+"""Latency as the user waits it: under an open loop (a rate, a ramp, a trace) each request is due
+at its scheduled instant, and a client that falls behind (a busy event loop, a full
+``--max-concurrency``, a slow client worker) sends it later. Latencies from the send leave that
+wait out (coordinated omission); the ones from the schedule keep it. Both are summarised, the
+wait itself (the client queue: schedule to send) is its own distribution, and a row whose two
+clocks differ by more than :func:`threshold` says the client fell behind (the answer block warns,
+naming the point). A closed loop (``--concurrency`` alone) has no schedule: every key is None.
+
+The same split as vLLM bench serve's ``client_queue_time`` / ``e2el_including_client_queue`` and
+GuideLLM's ``request_dispatch_delay`` / ``request_scheduled_latency``, with the due instant being
+the schedule itself (``t0 + offset``), not the instant the client got round to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from harness.analysis.comparisons.stats import PERCENTILES, distribution
+from harness.core.records import RequestRecord
+
+SHARE = 0.05  # of the from-send p99: a smaller gap is the schedule's own jitter
+FLOOR_S = 0.010  # ... and never less than this
+CLOSED = "closed loop: no schedule"  # what the views say where these keys are None
+KEYS = ("client_queue_s", "ttft_from_schedule_s", "e2e_from_schedule_s", "behind")
+
+
+def threshold(p99_from_send: float) -> float:
+    """The gap between the from-schedule and from-send p99 above which the client fell behind:
+    the larger of SHARE of the from-send p99 and FLOOR_S."""
+    return max(SHARE * p99_from_send, FLOOR_S)
+
+
+def schedule_latencies(
+    records: Sequence[RequestRecord], percentiles: Sequence[float] = PERCENTILES
+) -> dict[str, Any]:
+    """The summary's schedule keys (:data:`KEYS`) over the counted requests: the client queue
+    (p50/p90/p99 and max), TTFT and E2E from the schedule, and ``behind`` (the metric whose
+    two clocks differ most beyond :func:`threshold`, else None). All None without a schedule."""
+    ok = [r for r in records if r.counted and r.t_scheduled is not None]
+    if not ok:
+        return dict.fromkeys(KEYS)
+    queue = [r.client_queue for r in ok]
+    out: dict[str, Any] = {
+        "client_queue_s": {**distribution(queue, percentiles), "max": max(queue)},  # type: ignore[type-var]
+        "ttft_from_schedule_s": distribution((r.ttft_from_schedule for r in ok), percentiles),
+        "e2e_from_schedule_s": distribution((r.e2e_from_schedule for r in ok), percentiles),
+    }
+    send = {
+        "ttft": distribution((r.ttft for r in ok), percentiles),
+        "e2e": distribution((r.e2e for r in ok), percentiles),
+    }
+    worst = None
+    for m in ("ttft", "e2e"):
+        a, b = send[m]["p99"], out[f"{m}_from_schedule_s"]["p99"]
+        if a is None or b is None or b - a <= threshold(a):
+            continue
+        if worst is None or b - a > worst["difference_s"]:
+            worst = {
+                "metric": m,
+                "p99_from_send_s": a,
+                "p99_from_schedule_s": b,
+                "difference_s": b - a,
+                "threshold_s": threshold(a),
+                "client_queue_p99_s": out["client_queue_s"]["p99"],
+                "client_queue_max_s": out["client_queue_s"]["max"],
+            }
+    out["behind"] = worst
+    return out
+
+
+def behind_warnings(
+    rows: Sequence[Mapping[str, Any]], where: Mapping[str, Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """One warning (the answer block's shape, kind ``client behind``) per row whose client fell
+    behind its schedule, naming the variant and the point."""
+    out = []
+    for r in rows:
+        b = (r.get("summary") or {}).get("behind")
+        if b:
+            out.append(
+                {"kind": "client behind", "name": r["name"], "point": r["point"],
+                 **where.get(r["point"], {}), **b}
+            )  # fmt: skip
+    return out

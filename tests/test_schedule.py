@@ -1,0 +1,138 @@
+"""Latency from the schedule (harness.analysis.schedule): a client made to fall behind its Poisson
+schedule on purpose, on the fake clock (no wall time), shows the wait in the from-schedule
+latencies, in the client queue, and in the answer block; a closed loop has no schedule."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+from engines.base import Chunk, Engine, EngineConfig, GenParams, Request
+from harness.analysis.derived import analyze
+from harness.core.load import Concurrent, Poisson
+from harness.core.records import RequestRecord
+from harness.core.results import Cell, Run
+from harness.run.runner import Runner
+from tests.clock import FakeClock
+
+BLOCK_S = 0.1  # the event loop is blocked this long ...
+EVERY = 20  # ... after every this many requests
+SERVICE_S = 1e-5  # each request's own time (one token; serial: the loop runs one at a time)
+RATE = 100.0  # req/s: gaps of 10 ms, so a block holds back about ten requests
+
+
+class DeadlineClock(FakeClock):
+    """The fake clock whose sleep wakes at its deadline, or later when the loop was blocked
+    past it (as asyncio's does): what ran meanwhile moved the clock, the sleeper is late."""
+
+    async def sleep(self, seconds: float) -> None:
+        until = self.now + max(seconds, 0.0)
+        await asyncio.sleep(0)  # the tasks just started run (and may block the loop)
+        await asyncio.sleep(0)
+        self.now = max(self.now, until)
+        await asyncio.sleep(0)
+
+
+class BlockingEngine(Engine):
+    """One token after SERVICE_S of its own; after every EVERY-th request a callback blocks the
+    event loop for BLOCK_S (a CPU-bound neighbour: the time passes outside every request)."""
+
+    name: ClassVar[str] = "blocking"
+    spec_methods: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, clock: FakeClock, every: int = EVERY) -> None:
+        self.clock, self.every = clock, every
+        self.seen = 0
+        self.config = EngineConfig(engine="blocking", model="none")
+
+    @classmethod
+    def validate(cls, config: EngineConfig) -> None:
+        return None
+
+    async def start(self) -> None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "blocking"}
+
+    def _block(self) -> None:
+        self.clock.now += BLOCK_S
+
+    async def stream(
+        self, request: Request, params: GenParams, clock: Any = None
+    ) -> AsyncIterator[Chunk]:
+        self.seen += 1
+        self.clock.now += SERVICE_S
+        yield Chunk(token_ids=(1,), prompt_tokens=3)
+        if self.seen % self.every == 0:
+            asyncio.get_running_loop().call_soon(self._block)
+
+    async def close(self) -> None:
+        return None
+
+    def max_batch(self) -> int | None:
+        return None
+
+
+def _records(strategy: Any, n: int = 400, every: int = EVERY) -> tuple[RequestRecord, ...]:
+    clock = DeadlineClock()
+    runner = Runner(BlockingEngine(clock, every), clock=clock, sleep=clock.sleep)
+    reqs = [Request(str(i), "x") for i in range(n)]
+    return tuple(asyncio.run(runner.run(reqs, GenParams(), strategy)))
+
+
+def _analysis(records: tuple[RequestRecord, ...], load: dict) -> dict:
+    runs = [Run(Cell("blocking", "baseline", "throughput", load, 1, b, "w"), None, records)
+            for b in range(3)]  # fmt: skip
+    return analyze(runs, min_effect=0.02)
+
+
+def test_a_client_that_falls_behind_shows_it_from_the_schedule() -> None:
+    """From the send every request took SERVICE_S; from the schedule the ones held back by a
+    block waited up to BLOCK_S more: the E2E p99 from the schedule is above the one from the
+    send by about BLOCK_S, the client queue's p99 and max hold it, the answer block warns."""
+    strategy = Poisson(RATE, seed=3)
+    records = _records(strategy)
+    assert all(r.t_scheduled is not None and r.client_queue >= -1e-12 for r in records)
+    assert sum(r.client_queue > 0.05 for r in records) >= 40  # the blocks held requests back
+    out = _analysis(records, strategy.to_json())
+    (row,) = out["rows"]
+    s = row["summary"]
+    assert s["e2e_s"]["p99"] < 0.001  # from the send: the wait is left out
+    gap = s["e2e_from_schedule_s"]["p99"] - s["e2e_s"]["p99"]
+    assert 0.8 * BLOCK_S <= gap <= 1.1 * BLOCK_S, gap
+    assert (
+        0.8 * BLOCK_S <= s["client_queue_s"]["p99"] <= s["client_queue_s"]["max"] <= 1.1 * BLOCK_S
+    )
+    assert s["behind"]["metric"] in ("ttft", "e2e") and s["behind"]["difference_s"] >= 0.08
+    (warn,) = [w for w in out["answer"]["warnings"] if w["kind"] == "client behind"]
+    assert warn["name"] == "blocking/baseline" and warn["point"] == row["point"]
+    assert warn["load"]["request_rate"] == RATE
+
+
+def test_a_client_that_keeps_up_is_not_warned() -> None:
+    """The same engine without blocks: both clocks agree, no warning."""
+    records = _records(Poisson(RATE, seed=3), every=10**9)
+    out = _analysis(records, Poisson(RATE, seed=3).to_json())
+    s = out["rows"][0]["summary"]
+    assert s["client_queue_s"]["max"] < 1e-4  # a few requests' own SERVICE_S at most
+    assert s["behind"] is None
+    assert not [w for w in out["answer"]["warnings"] if w["kind"] == "client behind"]
+
+
+def test_a_closed_loop_has_no_schedule() -> None:
+    records = _records(Concurrent(4), n=40)
+    assert all(r.t_scheduled is None and r.client_queue is None for r in records)
+    assert all(r.user_e2e == r.e2e for r in records)
+    s = _analysis(records, Concurrent(4).to_json())["rows"][0]["summary"]
+    assert s["client_queue_s"] is None and s["e2e_from_schedule_s"] is None
+    assert s["behind"] is None
+
+
+def test_the_schedule_survives_the_record_json() -> None:
+    rec = RequestRecord("a", 10.5, 11.0, (10.7,), (1,), t_scheduled=10.25)
+    back = RequestRecord.from_json(rec.to_json(t0=10.0))
+    assert back.t_scheduled == 0.25 and abs(back.e2e_from_schedule - 0.75) < 1e-12
+    old = {k: v for k, v in rec.to_json().items() if k != "scheduled_s"}  # a file before it
+    assert RequestRecord.from_json(old).t_scheduled is None
