@@ -13,6 +13,10 @@ from harness.analysis.derived import analyze
 from harness.core.load import Concurrent, Poisson
 from harness.core.records import RequestRecord
 from harness.core.results import Cell, Run
+from harness.report.answer_text import warning_line
+from harness.report.columns import MAIN, Line
+from harness.report.markdown import schedule_lines
+from harness.report.table_csv import to_csv
 from harness.run.runner import Runner
 from tests.clock import FakeClock
 
@@ -109,6 +113,11 @@ def test_a_client_that_falls_behind_shows_it_from_the_schedule() -> None:
     (warn,) = [w for w in out["answer"]["warnings"] if w["kind"] == "client behind"]
     assert warn["name"] == "blocking/baseline" and warn["point"] == row["point"]
     assert warn["load"]["request_rate"] == RATE
+    line = warning_line(warn)
+    assert line.startswith("blocking/baseline, 100 req/s: the client fell behind its schedule")
+    results = {**out, "config": {}, "status": "complete"}
+    assert "client queue p99 9" in "\n".join(schedule_lines(out["rows"]))  # ~99 ms
+    assert "e2e_from_schedule_s_p99" in to_csv(results).splitlines()[0].split(",")
 
 
 def test_a_client_that_keeps_up_is_not_warned() -> None:
@@ -125,9 +134,14 @@ def test_a_closed_loop_has_no_schedule() -> None:
     records = _records(Concurrent(4), n=40)
     assert all(r.t_scheduled is None and r.client_queue is None for r in records)
     assert all(r.user_e2e == r.e2e for r in records)
-    s = _analysis(records, Concurrent(4).to_json())["rows"][0]["summary"]
+    out = _analysis(records, Concurrent(4).to_json())
+    s = out["rows"][0]["summary"]
     assert s["client_queue_s"] is None and s["e2e_from_schedule_s"] is None
     assert s["behind"] is None
+    line = Line(out["rows"][0])
+    cells = {c.name: c.fmt(c.get(line)) for c in MAIN}
+    assert cells["queue_p99"] == cells["e2e_sched_p99"] == "closed loop: no schedule"
+    assert schedule_lines(out["rows"]) == []
 
 
 def test_the_schedule_survives_the_record_json() -> None:
@@ -136,3 +150,36 @@ def test_the_schedule_survives_the_record_json() -> None:
     assert back.t_scheduled == 0.25 and abs(back.e2e_from_schedule - 0.75) < 1e-12
     old = {k: v for k, v in rec.to_json().items() if k != "scheduled_s"}  # a file before it
     assert RequestRecord.from_json(old).t_scheduled is None
+
+
+def test_capacity_search_with_a_client_that_cannot_keep_up(tmp_path, capsys) -> None:
+    """The search on a fake OpenAI server that serves every request in 20 ms side by side (no
+    queue of its own), through a client capped at one request in flight (--concurrency 1: at
+    most 50 req/s). From the send TTFT stays 20 ms at every rate; from the schedule the capped
+    client's queue breaks --slo ttft:100: the capacity from the schedule is lower than from the
+    send, and the summary says why."""
+    import json
+
+    from harness.cli.main import main
+    from tests.fake_server import Behaviour, FakeServer
+    from tests.test_faults import ServerThread, workload
+
+    out = tmp_path / "out"
+    argv = ["--engine", "openai", "--workload", workload(tmp_path, 8), "--max-new-tokens", "3",
+            "--repeats", "3", "--warmup", "0", "--duration", "0.6", "--slo", "ttft:100",
+            "--slo-start-rate", "8", "--slo-max-probes", "4", "--concurrency", "1",
+            "--output-dir", str(out), "--quiet", "--no-plots"]  # fmt: skip
+    server = FakeServer(lambda i: Behaviour(tokens=3, first_delay=0.02, delay=0.001))
+    with ServerThread(server) as url:
+        code = main([*argv, "--base-url", url])
+    printed = capsys.readouterr().out
+    assert code == 0
+    cap = json.loads((out / "results.json").read_text())["capacity"]
+    (row,) = cap["variants"]
+    assert row["status"] == "bracketed", cap["curves"]
+    (sent,) = cap["from_send"]["variants"]
+    assert sent["status"] == "holds at every probed rate" or sent["capacity"] > row["capacity"]
+    (behind,) = cap["from_send"]["behind"]
+    assert behind["client_queue_s"] > 0.05  # its p90 where the schedule failed (TTFT 20 ms + it)
+    assert "judged from the send it would " in printed
+    assert "the client fell behind its schedule (client queue p90" in printed

@@ -127,6 +127,15 @@ def warning_line(w: Mapping[str, Any], lengths: int = 1) -> str:
             f"is more than {w['share']:.0%} of the median TTFT ({w['ttft_s'] * 1e3:.1f} ms): "
             "send times across hosts are only that precise"
         )
+    if kind == "client behind":
+        metric = {"ttft": "TTFT", "e2e": "E2E"}.get(w["metric"], w["metric"])
+        return (
+            f"{w['name']}, {where(w, lengths)}: the client fell behind its schedule: {metric} "
+            f"p99 {w['p99_from_schedule_s'] * 1e3:.1f} ms from the schedule vs "
+            f"{w['p99_from_send_s'] * 1e3:.1f} ms from the send (client queue p99 "
+            f"{w['client_queue_p99_s'] * 1e3:.1f} ms, max {w['client_queue_max_s'] * 1e3:.1f} ms): "
+            "users waited longer than the latency from the send says"
+        )
     if kind == "not run":
         return f"not run at {where(w, lengths)}: {', '.join(w['names'])} ({w['status']})"
     return f"{w.get('name', '')}: {kind}"

@@ -57,6 +57,25 @@ def crossover_text(x: Mapping[str, Any]) -> str:
     )
 
 
+def behind_line(b: Mapping[str, Any], q: float) -> str:
+    """A variant whose capacity from the send is higher than from the schedule, and why."""
+    if b.get("capacity_from_send") is None:  # it held at every probed rate
+        send = f"hold at every probed rate (up to {_rate(b.get('bound_from_send'))} req/s)"
+    else:
+        send = f"be {_rate(b['capacity_from_send'])} req/s"
+    why = "the client fell behind its schedule"
+    if b.get("client_queue_s") is not None:
+        why += (
+            f" (client queue p{round(q * 100)} {b['client_queue_s'] * 1e3:.1f} ms at "
+            f"{_rate(b.get('rate'))} req/s)"
+        )
+    return (
+        f"{b['variant']}: judged from the send it would {send}, not "
+        f"{_rate(b.get('capacity_from_schedule'))} req/s: {why}; the capacity above is judged "
+        "from each request's scheduled arrival, as the user waits"
+    )
+
+
 def capacity_markdown(results: Mapping[str, Any]) -> str:
     cap = results["capacity"]
     slo = slo_text(cap)
@@ -64,6 +83,8 @@ def capacity_markdown(results: Mapping[str, Any]) -> str:
     lines += [f"- {capacity_line(r)}" for r in cap["variants"]]
     lines += [f"- {ratio_line(r, slo)}" for r in cap["ratios"]]
     lines += [f"- crossover: {crossover_text(x)}" for x in cap.get("crossover") or []]
+    behind = (cap.get("from_send") or {}).get("behind") or []
+    lines += [f"- {behind_line(b, float(cap['quantile']))}" for b in behind]
     lines += ["", "| variant | rate (req/s) | SLO attainment | margin | runs | saturated |"]
     lines.append("|---|---|---|---|---|---|")
     for c in cap.get("curves") or []:

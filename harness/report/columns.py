@@ -102,6 +102,14 @@ def _s(key: str, stat: str | None = None) -> Callable[[Line], Any]:
     return get
 
 
+CLOSED = "closed loop: no schedule"  # a from-schedule cell of a closed loop (stored as null)
+
+
+def _scheduled(x: Any, digits: int = 1) -> str:
+    """A from-schedule latency in ms, or why there is none: a closed loop has no schedule."""
+    return CLOSED if x is None else num(x, digits, 1e3)
+
+
 def _spec(key: str) -> Callable[[Line], Any]:
     return lambda x: (x.entry.get("spec") or {}).get(key)
 
@@ -140,11 +148,19 @@ MAIN: tuple[Column, ...] = (
         lambda x: (x.entry["summary"].get("output_tok_s"), x.entry["summary"].get("unstable")),
         lambda v: num(v[0]) + (" (unstable)" if v[1] else ""),
     ),
-    Column("ttft_med", "TTFT med ms", _s("ttft_s", "median"), _fixed(1, 1e3)),
-    Column("ttft_p99", "TTFT p99 ms", _s("ttft_s", "p99"), _fixed(1, 1e3)),
+    Column("ttft_med", "TTFT med ms (from send)", _s("ttft_s", "median"), _fixed(1, 1e3)),
+    Column("ttft_p99", "TTFT p99 ms (from send)", _s("ttft_s", "p99"), _fixed(1, 1e3)),
     Column("tpot_med", "TPOT med ms", _s("tpot_s", "median"), _fixed(2, 1e3)),
     Column("tpot_p99", "TPOT p99 ms", _s("tpot_s", "p99"), _fixed(2, 1e3)),
-    Column("e2e_med", "E2E med ms", _s("e2e_s", "median"), _fixed(0, 1e3)),
+    Column("e2e_med", "E2E med ms (from send)", _s("e2e_s", "median"), _fixed(0, 1e3)),
+    Column("e2e_p99", "E2E p99 ms (from send)", _s("e2e_s", "p99"), _fixed(0, 1e3)),
+    Column(
+        "e2e_sched_p99",
+        "E2E p99 ms (from schedule)",
+        _s("e2e_from_schedule_s", "p99"),
+        lambda v: _scheduled(v, 0),
+    ),
+    Column("queue_p99", "client queue p99 ms", _s("client_queue_s", "p99"), _scheduled),
     Column("acceptance_rate", "accept rate", _spec("acceptance_rate"), _fixed(2)),
     Column("alpha", "alpha", _spec("alpha"), _fixed(2)),
     Column("mean_acc_len", "mean acc len (vLLM)", _spec("mean_acceptance_length"), _fixed(2)),
@@ -173,7 +189,9 @@ COMPACT: tuple[Column, ...] = (
     Column("verdict", "verdict", lambda x: (x.comparison or {}).get("verdict"), short_verdict),
 )
 COMPACT_NOTE = (
-    "Medians over counted requests; * = unstable across repeats; speedup >1 = better, with "
+    "Medians over counted requests; latencies from each request's send (the full set has them "
+    "from its scheduled arrival too, and the client queue between the two, under an open "
+    "loop); * = unstable across repeats; speedup >1 = better, with "
     "its 95% CI, n and method, against the row it names; n.s. = no significant difference. "
     "The full column set is in summary.csv, results.json and report.html."
 )

@@ -25,6 +25,7 @@ from harness.report.columns import (
     ci_text,
     load_label,
     method_tag,
+    num,
     percentile_columns,
 )
 from harness.report.workload_tables import workload_lines
@@ -179,6 +180,7 @@ def render(results: Mapping[str, Any]) -> str:
         ]
         lines.append(compact_table(view, first.get("deciding_metric", "output_tok_s")))
         lines += token_id_notes(rows)
+        lines += schedule_lines(rows)
         extra = percentile_columns(results.get("config") or {})
         if extra:
             lines += ["", table(extra, view)]
@@ -320,3 +322,21 @@ def token_id_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
                 "repetition checks are n/a"
             )
     return out
+
+
+def schedule_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Under an open loop, each row's latency on both clocks: E2E p99 from the scheduled
+    arrival and from the send, and the client queue between them (harness.analysis.schedule)."""
+    out = []
+    for r in rows:
+        s = r["summary"]
+        sched, queue = s.get("e2e_from_schedule_s"), s.get("client_queue_s")
+        if not sched or not queue or sched.get("p99") is None:
+            continue
+        send = (s.get("e2e_s") or {}).get("p99")
+        out.append(
+            f"- {r['name']}: E2E p99 {sched['p99'] * 1e3:.0f} ms from the scheduled arrival, "
+            f"{num(send, 0, 1e3)} ms from the send; client queue p99 "
+            f"{queue['p99'] * 1e3:.1f} ms, max {queue['max'] * 1e3:.1f} ms"
+        )
+    return ["", *out] if out else []

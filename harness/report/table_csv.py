@@ -10,7 +10,11 @@ from typing import Any
 
 from harness.report.markdown import points_of
 
-LATENCIES = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
+# from the send; then from the schedule and the client queue (empty: a closed loop, no schedule)
+LATENCIES = (
+    "ttft_s", "tpot_s", "itl_s", "e2e_s",
+    "ttft_from_schedule_s", "e2e_from_schedule_s", "client_queue_s",
+)  # fmt: skip
 SPEC = ("acceptance_rate", "alpha", "mean_acceptance_length", "tokens_per_target_pass")
 
 

@@ -23,7 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from harness.analysis.comparisons.stats import GOODPUT_METRICS, compare_log_ratios, log_ratio_ci
+from harness.analysis.comparisons.stats import (
+    FROM_SEND,
+    GOODPUT_METRICS,
+    compare_log_ratios,
+    log_ratio_ci,
+)
 from harness.core.results import Run
 
 SATURATED_MARGIN = math.log(2.0)  # a saturated probe fails: its margin is at least this
@@ -46,9 +51,17 @@ def margin_of(quantiles: Mapping[str, float | None], slo_ms: Mapping[str, float]
     return out
 
 
+def _quantile(rs: Sequence[Any], metric: Any, q: float) -> float | None:
+    xs = np.array([v for r in rs if (v := metric(r)) is not None], dtype=float)
+    return float(np.quantile(xs, q)) if xs.size else None
+
+
 def probe_entry(run: Run, slo_ms: Mapping[str, float], q: float) -> dict[str, Any] | None:
     """One run as a probe: its rate, margin, SLO attainment (the smallest share of requests
-    meeting one metric's bound), quantiles (s), and whether it saturated. None: not a rate."""
+    meeting one metric's bound), quantiles (s), and whether it saturated. None: not a rate.
+    The margin judges latency as the user waits it (from the schedule: GOODPUT_METRICS);
+    ``margin_from_send`` is the one a client that fell behind would have claimed, and
+    ``client_queue_s`` the schedule-to-send wait at the quantile (harness.analysis.schedule)."""
     rate = run.cell.load.get("request_rate")
     if rate is None or not (run.status == "ok" or run.status.startswith("saturated")):
         return None
@@ -62,11 +75,14 @@ def probe_entry(run: Run, slo_ms: Mapping[str, float], q: float) -> dict[str, An
             shares.append(float(np.mean(xs * 1000.0 <= slo_ms[name])) if xs.size else 0.0)
     saturated = run.status.startswith("saturated")
     m = margin_of(quant, slo_ms)
+    sent = margin_of({k: _quantile(rs, f, q) for k, f in FROM_SEND.items()}, slo_ms)
     return {
         "variant": f"{run.cell.engine}/{run.cell.label}",
         "rate": float(rate),
         "repeat": run.cell.repeat,
         "margin": max(m, SATURATED_MARGIN) if saturated else m,
+        "margin_from_send": max(sent, SATURATED_MARGIN) if saturated else sent,
+        "client_queue_s": _quantile(rs, lambda r: r.client_queue, q),
         "attainment": min(shares) if shares else None,
         "quantiles_s": quant,
         "saturated": saturated,
@@ -204,14 +220,66 @@ def capacity_analysis(
 
     probes = [e for r in runs if (e := probe_entry(r, slo_ms, q)) is not None]
     variants = list(dict.fromkeys(p["variant"] for p in probes))
+    caps = capacities(probes, variants, min_effect)
     return {
         "slo_ms": dict(slo_ms),
         "quantile": q,
         "probes": probes,
         "curves": [_curve(probes, v) for v in variants],
-        **capacities(probes, variants, min_effect),
+        **caps,
         "crossover": rate_crossover(probes, variants),
+        "from_send": from_send(probes, caps["variants"], min_effect),
     }
+
+
+def _higher(send: Mapping[str, Any], sched: Mapping[str, Any]) -> bool:
+    """Whether the capacity from the send is above the one from the schedule (beyond the
+    search's TOLERANCE, or held where the schedule's failed)."""
+    if send["status"] == "holds at every probed rate":
+        return sched["status"] != "holds at every probed rate"
+    if send["capacity"] is None:  # fails at every probed rate
+        return False
+    if sched["capacity"] is None:
+        return sched["status"] == "fails at every probed rate"
+    return send["capacity"] > sched["capacity"] * (1 + TOLERANCE)
+
+
+def from_send(
+    probes: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]], min_effect: float
+) -> dict[str, Any]:
+    """The capacities judged on the latencies from the send (``margin_from_send``) over the same
+    probes: what a client that fell behind its schedule would have claimed. ``behind``: each
+    variant whose capacity from the send is higher than from the schedule (``rows``), with the
+    reason: its client queue at the SLO's quantile at the lowest rate that the schedule failed
+    and the send held."""
+    variants = [r["variant"] for r in rows]
+    sent = [{**p, "margin": p["margin_from_send"]} for p in probes if "margin_from_send" in p]
+    send_rows = capacities(sent, variants, min_effect)["variants"]
+    behind = []
+    for sched, send in zip(rows, send_rows):
+        v = sched["variant"]
+        if not _higher(send, sched):
+            continue
+        split = [p for p in probes if p["variant"] == v]
+        rates = sorted(
+            r for r in {p["rate"] for p in split}
+            if np.mean([p["margin"] for p in split if p["rate"] == r]) >= 0
+            and np.mean([p["margin_from_send"] for p in split if p["rate"] == r]) < 0
+        )  # fmt: skip
+        at = rates[0] if rates else None
+        queue = [p["client_queue_s"] for p in split if p["rate"] == at and p["client_queue_s"]]
+        behind.append(
+            {
+                "variant": v,
+                "capacity_from_schedule": sched["capacity"],
+                "capacity_from_send": send["capacity"],
+                "status_from_send": send["status"],
+                "bound_from_send": send.get("bound"),
+                "rate": at,
+                "client_queue_s": float(np.mean(queue)) if queue else None,
+            }
+        )
+    return {"variants": send_rows, "behind": behind}
 
 
 def _curve(probes: Sequence[Mapping[str, Any]], variant: str) -> dict[str, Any]:
