@@ -126,7 +126,10 @@ def test_two_workers_match_one(tmp_path, capsys, load) -> None:
     if load[0] == "--request-rate":  # open loop: each request keeps its seeded Poisson offset
         gaps = [abs(sends[0][k] - sends[1][k]) for k in sends[0]]
         assert statistics.median(gaps) < 0.02, gaps
+        for run in (r1, r2):  # ... and its scheduled arrival, on the records' clock
+            assert all(r["send_s"] - r["scheduled_s"] >= -1e-6 for r in run["records"])
     else:  # closed loop at 4: the first wave is the same 4 requests (2 + 2 slots)
+        assert all(r["scheduled_s"] is None for run in (r1, r2) for r in run["records"])
         first = [sorted(s, key=s.get)[:4] for s in sends]
         assert set(first[0]) == set(first[1]), first
 

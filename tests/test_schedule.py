@@ -8,6 +8,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
+import pytest
+
 from engines.base import Chunk, Engine, EngineConfig, GenParams, Request
 from harness.analysis.derived import analyze
 from harness.core.load import Concurrent, Poisson
@@ -183,3 +185,41 @@ def test_capacity_search_with_a_client_that_cannot_keep_up(tmp_path, capsys) -> 
     assert behind["client_queue_s"] > 0.05  # its p90 where the schedule failed (TTFT 20 ms + it)
     assert "judged from the send it would " in printed
     assert "the client fell behind its schedule (client queue p90" in printed
+
+
+def test_a_client_worker_keeps_the_schedule_on_the_runners_clock() -> None:
+    """A worker handed an open loop stamps each record's scheduled arrival (``t0`` + its dealt
+    offset) on its own clock, and the parent's shift (a Ray worker's estimated offset) moves it
+    with the other stamps: planted 7 s, the schedule lands on the runner's time line and the
+    client queue is unchanged; the job arrived 2 s late, so the overdue requests queued."""
+    from multiprocessing import Pipe
+
+    from harness.run.client_process import Job, Records, Share, WorkerLoop
+    from harness.run.client_workers import lost_records, shifted
+    from tests.clock import ScriptedEngine
+
+    offsets, planted = (0.0, 0.5, 1.25, 3.0), 7.0
+    clock = FakeClock()  # the worker's clock: the runner's + planted
+    t0_runner = clock.now - 2.0 - planted  # the job arrives 2 s after the schedule's start
+    reqs = [Request(id=f"r{j}", prompt="x") for j in range(len(offsets))]
+    engine = ScriptedEngine(clock, {r.id: [(1e-12, 1)] for r in reqs})
+    share = Share(0, tuple(range(len(offsets))), offsets, None)
+    for open_loop in (True, False):
+        parent, child = Pipe()
+        worker = WorkerLoop(child, engine.config, clock, sleep=clock.sleep)
+        job = Job(1, reqs, None, share, GenParams(), t0_runner + planted, None, False, open_loop)
+        asyncio.run(worker._job(engine, job))
+        records = []
+        while parent.poll():
+            msg = parent.recv()
+            records += msg.records if isinstance(msg, Records) else ()
+        back = {r.request_id: shifted(r, -planted) for r in records}
+        if not open_loop:
+            assert all(r.t_scheduled is None for r in back.values())
+            continue
+        due = [back[r.id].t_scheduled - t0_runner for r in reqs]
+        assert due == pytest.approx(offsets, abs=1e-9)
+        queue = [back[r.id].client_queue for r in reqs]
+        assert queue == pytest.approx([2.0, 1.5, 0.75, 0.0], abs=1e-9)
+    (lost,) = lost_records(reqs, share, 0, {"r0"}, 5.0, 6.0, "died", False, None, True)
+    assert (lost.request_id, lost.t_scheduled, lost.client_queue) == ("r1", 5.5, 0.0)
