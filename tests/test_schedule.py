@@ -15,8 +15,9 @@ from harness.analysis.derived import analyze
 from harness.core.load import Concurrent, Poisson
 from harness.core.records import RequestRecord
 from harness.core.results import Cell, Run
+from harness.flags.vllm_bench import percentile_metrics
 from harness.report.answer_text import warning_line
-from harness.report.columns import MAIN, Line
+from harness.report.columns import MAIN, Line, percentile_columns
 from harness.report.markdown import schedule_lines
 from harness.report.table_csv import to_csv
 from harness.run.runner import Runner
@@ -120,6 +121,10 @@ def test_a_client_that_falls_behind_shows_it_from_the_schedule() -> None:
     results = {**out, "config": {}, "status": "complete"}
     assert "client queue p99 9" in "\n".join(schedule_lines(out["rows"]))  # ~99 ms
     assert "e2e_from_schedule_s_p99" in to_csv(results).splitlines()[0].split(",")
+    asked = percentile_metrics("ttft,client_queue_time,e2el_including_client_queue")
+    cols = percentile_columns({"percentile_metrics": asked, "metric_percentiles": (99,)})
+    cells = [c.fmt(c.get(Line(row))) for c in cols[1:]]  # vllm bench serve's names, in ms
+    assert float(cells[0]) < 1 and all(80 <= float(x) <= 110 for x in cells[1:]), cells
 
 
 def test_a_client_that_keeps_up_is_not_warned() -> None:

@@ -105,9 +105,16 @@ def _s(key: str, stat: str | None = None) -> Callable[[Line], Any]:
 CLOSED = "closed loop: no schedule"  # a from-schedule cell of a closed loop (stored as null)
 
 
-def _scheduled(x: Any, digits: int = 1) -> str:
+def _sched(key: str, stat: str) -> Callable[[Line], Any]:
+    """A from-schedule statistic and whether the summary has the key at all (a harness run's
+    always has; null there means a closed loop; an imported file may lack it)."""
+    return lambda x: (_s(key, stat)(x), key in x.entry["summary"])
+
+
+def _scheduled(v: tuple[Any, bool], digits: int = 1) -> str:
     """A from-schedule latency in ms, or why there is none: a closed loop has no schedule."""
-    return CLOSED if x is None else num(x, digits, 1e3)
+    x, known = v
+    return (CLOSED if known else "n/a") if x is None else num(x, digits, 1e3)
 
 
 def _spec(key: str) -> Callable[[Line], Any]:
@@ -157,10 +164,10 @@ MAIN: tuple[Column, ...] = (
     Column(
         "e2e_sched_p99",
         "E2E p99 ms (from schedule)",
-        _s("e2e_from_schedule_s", "p99"),
+        _sched("e2e_from_schedule_s", "p99"),
         lambda v: _scheduled(v, 0),
     ),
-    Column("queue_p99", "client queue p99 ms", _s("client_queue_s", "p99"), _scheduled),
+    Column("queue_p99", "client queue p99 ms", _sched("client_queue_s", "p99"), _scheduled),
     Column("acceptance_rate", "accept rate", _spec("acceptance_rate"), _fixed(2)),
     Column("alpha", "alpha", _spec("alpha"), _fixed(2)),
     Column("mean_acc_len", "mean acc len (vLLM)", _spec("mean_acceptance_length"), _fixed(2)),
@@ -240,7 +247,11 @@ THEORY: tuple[Column, ...] = (
 )
 
 # --percentile-metrics (vLLM's names) -> the stored distribution they read
-PERCENTILE_KEYS = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_s", "e2el": "e2e_s"}
+PERCENTILE_KEYS = {
+    "ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_s", "e2el": "e2e_s",
+    "client_queue_time": "client_queue_s", "e2el_including_client_queue": "e2e_from_schedule_s",
+}  # fmt: skip
+SCHEDULED_KEYS = ("client_queue_s", "e2e_from_schedule_s")  # null in a closed loop
 
 
 def percentile_columns(config: Mapping[str, Any]) -> tuple[Column, ...]:
@@ -257,8 +268,11 @@ def percentile_columns(config: Mapping[str, Any]) -> tuple[Column, ...]:
                 Column(
                     f"{m}_{word}",
                     f"{m.upper()} {word} ms",
-                    _s(PERCENTILE_KEYS[m], word),
-                    _fixed(2, 1e3),
+                    *(
+                        (_sched(PERCENTILE_KEYS[m], word), lambda v: _scheduled(v, 2))
+                        if PERCENTILE_KEYS[m] in SCHEDULED_KEYS
+                        else (_s(PERCENTILE_KEYS[m], word), _fixed(2, 1e3))
+                    ),
                 )
             )
     return tuple(cols)

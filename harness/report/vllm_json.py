@@ -21,8 +21,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-MS_METRICS = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_s", "e2el": "e2e_s"}
+MS_METRICS = {
+    "ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_s", "e2el": "e2e_s",
+    # vLLM's client queue (only with --max-concurrency) and E2E with it; ours: from the schedule
+    "client_queue_time": "client_queue_s", "e2el_including_client_queue": "e2e_from_schedule_s",
+}  # fmt: skip
 VLLM_KEYS = ("completed", "duration", "output_throughput")
+PER_POINT = ("ttft_s", "tpot_s", "itl_s", "e2e_s")  # always written (null when missing)
 
 
 def is_vllm_result(data: Any) -> bool:
@@ -158,7 +163,7 @@ def to_run(d: Mapping[str, Any], index: int = 0) -> dict[str, Any]:
         "total_tok_s": d.get("total_token_throughput"),
         "goodput": d.get("request_goodput"),
         "peak_in_flight": d.get("max_concurrent_requests"),
-        **{f"{h}": _ms_to_s(d, v) for v, h in MS_METRICS.items()},
+        **{h: x for v, h in MS_METRICS.items() if (x := _ms_to_s(d, v)) or h in PER_POINT},
     }
     engine = "vllm-bench"
     return {
@@ -210,6 +215,8 @@ def _stats_ms(summary: Mapping[str, Any], percentiles: Sequence[float]) -> dict[
     out: dict[str, Any] = {}
     for metric, key in MS_METRICS.items():
         dist = summary.get(key) or {}
+        if not dist and key not in PER_POINT:  # a closed loop has no schedule: vLLM omits them
+            continue
         for name, vname in (("mean", "mean"), ("median", "median"), ("std", "stdev")):
             v = dist.get(vname)
             out[f"{name}_{metric}_ms"] = None if v is None else v * 1000.0

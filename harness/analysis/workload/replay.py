@@ -3,9 +3,10 @@
 the trace asked for, and the prefix-cache hits the engine reported against the prefix the trace
 shares (requests with equal leading hash ids).
 
-The send lag of request i is ``(t_send_i - t_send_first) - schedule_i`` (schedule_0 = 0): the
-runner sends the first request at its start instant, so the first send is the schedule's origin
-(to within one clock read) and no other instant needs recording.
+The send lag of request i is its client queue (send minus its scheduled arrival, both on the
+runner's clock: harness.analysis.schedule); in a file written before records kept the schedule,
+``(t_send_i - t_send_first) - schedule_i`` (schedule_0 = 0): the runner sends the first request
+at its start instant, so the first send is the schedule's origin to within one clock read.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ def replay_tables(
         if recs:
             first = min(r.t_send for r in recs)
             for r in recs:
-                if r.request_id.isdigit() and int(r.request_id) < len(schedule):
+                if r.client_queue is not None:
+                    lags[r.request_id] = r.client_queue * 1000.0
+                elif r.request_id.isdigit() and int(r.request_id) < len(schedule):
                     due = schedule[int(r.request_id)]
                     lags[r.request_id] = (r.t_send - first - due) * 1000.0
         entry["send_lag_ms"] = distribution(lags.values())
