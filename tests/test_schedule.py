@@ -151,6 +151,16 @@ def test_a_closed_loop_has_no_schedule() -> None:
     assert schedule_lines(out["rows"]) == []
 
 
+def test_which_loads_have_a_schedule() -> None:
+    from harness.core.load import Constant, Synchronous, scheduled
+    from harness.core.ramp import Ramp
+    from harness.core.replay import TraceReplay
+
+    assert all(map(scheduled, (Constant(2.0), Poisson(2.0, max_concurrency=1))))
+    assert scheduled(Ramp("linear", 1.0, 5.0)) and scheduled(TraceReplay((0.0, 1.0)))
+    assert not scheduled(Synchronous()) and not scheduled(Concurrent(4))
+
+
 def test_the_schedule_survives_the_record_json() -> None:
     rec = RequestRecord("a", 10.5, 11.0, (10.7,), (1,), t_scheduled=10.25)
     back = RequestRecord.from_json(rec.to_json(t0=10.0))
