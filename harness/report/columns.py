@@ -106,15 +106,16 @@ CLOSED = "closed loop: no schedule"  # a from-schedule cell of a closed loop (st
 
 
 def _sched(key: str, stat: str) -> Callable[[Line], Any]:
-    """A from-schedule statistic and whether the summary has the key at all (a harness run's
-    always has; null there means a closed loop; an imported file may lack it)."""
-    return lambda x: (_s(key, stat)(x), key in x.entry["summary"])
+    """A from-schedule statistic and whether its row is a closed loop (no ``arrivals`` in its
+    load: every open loop, a rate, a ramp or a trace, says how requests arrive)."""
+    return lambda x: (_s(key, stat)(x), "arrivals" not in (x.entry.get("load") or {}))
 
 
 def _scheduled(v: tuple[Any, bool], digits: int = 1) -> str:
-    """A from-schedule latency in ms, or why there is none: a closed loop has no schedule."""
-    x, known = v
-    return (CLOSED if known else "n/a") if x is None else num(x, digits, 1e3)
+    """A from-schedule latency in ms, or why there is none: a closed loop has no schedule (an
+    open loop's file written before records kept it: n/a)."""
+    x, closed = v
+    return (CLOSED if closed else "n/a") if x is None else num(x, digits, 1e3)
 
 
 def _spec(key: str) -> Callable[[Line], Any]:
