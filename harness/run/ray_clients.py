@@ -14,7 +14,9 @@ What Ray changes:
   estimates each worker's offset (its clock minus the runner's) as NTP does: several round trips
   ``a -> w -> b``, offset ``w - (a + b) / 2`` from the tightest, uncertainty ``(b - a) / 2``.
   Estimated at start and again at close (the drift between the two is recorded); ``t0`` goes to a
-  worker on its clock (``t0 + offset``) and its records come back on the runner's (``- offset``).
+  worker on its clock (``t0 + offset``) and its records come back on the runner's (``- offset``),
+  each open-loop record's scheduled arrival with them (``t0 + its offset`` exactly, so its client
+  queue is one host's difference).
 - Failure: an actor (or its node) that dies mid-run loses only its share's unfinished requests,
   recorded as failed with the reason; the run ends with every record it has.
 
