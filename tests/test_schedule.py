@@ -238,3 +238,19 @@ def test_a_client_worker_keeps_the_schedule_on_the_runners_clock() -> None:
         assert queue == pytest.approx([2.0, 1.5, 0.75, 0.0], abs=1e-9)
     (lost,) = lost_records(reqs, share, 0, {"r0"}, 5.0, 6.0, "died", False, None, True)
     assert (lost.request_id, lost.t_scheduled, lost.client_queue) == ("r1", 5.5, 0.0)
+
+
+def test_goodput_judges_from_the_schedule_and_one_token_passes_tpot() -> None:
+    """--goodput under an open loop counts a request as good when every bound holds on the
+    latency from its scheduled arrival (the requests held back by the blocks miss e2e:50 ms,
+    though from the send every one took 10 us); a one-token request has no TPOT and passes a
+    TPOT bound (as vLLM bench serve, which counts it as 0)."""
+    from harness.analysis.comparisons.stats import summarize
+
+    records = _records(Poisson(RATE, seed=3))
+    duration = summarize(records)["duration_s"]
+    held = sum(r.e2e_from_schedule > 0.05 for r in records)
+    assert held >= 20 and all(r.e2e <= 0.05 for r in records)
+    good = summarize(records, {"e2e": 50.0})["goodput"] * duration
+    assert round(good) == len(records) - held
+    assert summarize(records, {"tpot": 0.001})["goodput"] * duration == pytest.approx(len(records))
