@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from engines.base import Chunk, EngineConfig, EngineError, GenParams
-from engines.local_model import counting_tokenizer
-from engines.openai import OpenAIEngine
-from engines.openai_server import is_vllm, listed_models, pick_model
+from engines.common.local_model import counting_tokenizer
+from engines.openai.engine import OpenAIEngine
+from engines.openai.server_info import is_vllm, listed_models, pick_model
 from harness.flags.parser import build_parser
 from harness.flags.plan import build_plan, needs_local_models
 from tests.fake_server import Behaviour, FakeServer, render_metrics
@@ -79,7 +79,7 @@ def test_several_listed_models_stop_the_engine_unless_one_is_named() -> None:
 
 def test_the_only_listed_model_is_requested_and_said(caplog: pytest.LogCaptureFixture) -> None:
     server = FakeServer(Behaviour(tokens=2), listed=["llama3:8b"], vllm=False)
-    with caplog.at_level(logging.WARNING, logger="engines.openai"):
+    with caplog.at_level(logging.WARNING, logger="engines.openai.engine"):
         engine = _start(server)
     assert server.requests[0].body["model"] == "llama3:8b"
     assert engine.describe()["served_model_from"] == "the only model the server lists"
@@ -258,7 +258,7 @@ def test_remote_run_with_the_default_model_neither_builds_it_nor_counts_with_it(
         code = main([*argv, "--base-url", url])
     err = capsys.readouterr().err
     assert code == 0, err
-    said = [r.getMessage() for r in caplog.records if r.name == "engines.openai"]
+    said = [r.getMessage() for r in caplog.records if r.name == "engines.openai.engine"]
     assert said == ["openai: requesting 'llama3:8b', the only model the server lists"]
     res = json.loads((out / "results.json").read_text())
     (run,) = res["runs"]

@@ -2,7 +2,7 @@
 
 The server runs as a child process in its own process group on 127.0.0.1 and a free port; its
 log goes to ``options.log_path`` (else a temp file). Everything after start-up is delegated to an
-inner :class:`engines.openai.OpenAIEngine`. No vllm/torch import here: the server imports them."""
+inner :class:`engines.openai.engine.OpenAIEngine`. No vllm/torch import here: the server imports them."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from typing import Any, ClassVar
 
 import aiohttp
 
-from engines import prom
 from engines.base import (
     SPEC_METHODS,
     Capabilities,
@@ -35,15 +34,16 @@ from engines.base import (
     GenParams,
     SpecCounters,
 )
-from engines.http_flags import VLLMServerFlags
-from engines.openai import OpenAIEngine
-from engines.vllm_setup import (
+from engines.common.vllm_args import (
     CPU_DTYPE,
     check_draft_name,
     check_schedule,
     cpu_defaults,
     per_request_spec_metrics,
 )
+from engines.openai import prom
+from engines.openai.engine import OpenAIEngine
+from engines.openai.flags import VLLMServerFlags
 from workloads.base import Request
 
 # options of this engine; the rest of OPENAI_PASSTHROUGH reach the inner OpenAIEngine
@@ -315,7 +315,7 @@ class VLLMServerEngine(VLLMServerFlags, Engine):
 
     def _defaults(self) -> dict[str, Any]:
         """Settings chosen for the user (recorded): on CPU, the in-process engine's
-        (``vllm_setup.cpu_defaults``), so that server and in-process run one configuration."""
+        (``engines.common.vllm_args.cpu_defaults``), so that server and in-process run one configuration."""
         if not self.cpu:
             return {}
         out = cpu_defaults(self.config.model, self.config.engine_args)

@@ -1,12 +1,12 @@
 """In-process HF transformers engine: ``model.generate`` streamed, with assisted generation
 (``draft_model``) and prompt lookup (``ngram``) as the speculative methods.
 
-``generate`` runs on the process's one generation thread (engines/hf_thread.py: a new thread's
+``generate`` runs on the process's one generation thread (engines/hf/thread.py: a new thread's
 first forwards on CUDA ran 5-10x slower); its streamer stamps each step's ids with the clock the
 runner passed to ``stream`` (when the ids are on the host) and hands them to the event loop at
 most every ``DELIVERY_S``: one cross-thread wake-up per token cost 10-15% of a tiny model's
 decode speed on 2 cores (bench/RESULTS.md, section 1). Each hand-over becomes one chunk per
-request with a stamp per step (``Chunk.times``), not a chunk per token (engines/hf_stream.py).
+request with a stamp per step (``Chunk.times``), not a chunk per token (engines/hf/stream.py).
 ``step_costs`` is a separate micro-measurement, called outside runs.
 """
 
@@ -33,11 +33,11 @@ from engines.base import (
     UnsupportedError,
     new_tokens,
 )
-from engines.hf_models import FROM_PRETRAINED, Held, check_args, dtype_name, load, release
-from engines.hf_spec import SPEC_METHODS, AcceptanceCounter, len_hint, spec_settings
-from engines.hf_stream import END, ERROR, Steps, request_chunk, streamer_class
-from engines.hf_thread import generation_thread
-from engines.local_model import missing_path, prompt_ids
+from engines.common.local_model import missing_path, prompt_ids
+from engines.hf.models import FROM_PRETRAINED, Held, check_args, dtype_name, load, release
+from engines.hf.spec import SPEC_METHODS, AcceptanceCounter, len_hint, spec_settings
+from engines.hf.stream import END, ERROR, Steps, request_chunk, streamer_class
+from engines.hf.thread import generation_thread
 
 _DTYPES = ("float32", "float16", "bfloat16")
 

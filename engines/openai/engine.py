@@ -1,7 +1,7 @@
 """An existing OpenAI-compatible server (vLLM, SGLang, TGI, transformers serve, ...): aiohttp, SSE.
 
 Requests are spread round-robin over ``base_urls``. Which model to request and whether the server is
-vLLM: :mod:`engines.openai_server`. vLLM servers get ``ignore_eos`` and, with option ``token_ids``
+vLLM: :mod:`engines.openai.server_info`. vLLM servers get ``ignore_eos`` and, with option ``token_ids``
 (default), per-chunk token ids (``return_token_ids``: exact counts of multi-token events, outputs to
 compare); no more: an extra field is work the server does for the client (``min_tokens`` ran vLLM's
 min-tokens logits processor every step; ``ignore_eos`` alone reaches ``max_tokens``). Without ids a
@@ -9,8 +9,8 @@ vLLM event counts one token, as in vllm bench. Other servers get plain OpenAI re
 serve answers 422 to unknown fields). The total is the server's usage, else the token ids, else a
 local tokenizer's count of the text (only one the user named: ``--tokenizer``, or ``--model`` given
 explicitly), else one token per text event; each record says which, how its stream ended and where
-its first-token time came from (:mod:`engines.sse`). Speculative counters and load gauges come from
-``/metrics`` (:mod:`engines.prom`). No torch, transformers or vllm import: an HTTP run stays light.
+its first-token time came from (:mod:`engines.openai.sse`). Speculative counters and load gauges come from
+``/metrics`` (:mod:`engines.openai.prom`). No torch, transformers or vllm import: an HTTP run stays light.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from typing import Any, ClassVar
 
 import aiohttp
 
-from engines import prom
 from engines.base import (
     SPEC_METHODS,
     Capabilities,
@@ -38,9 +37,10 @@ from engines.base import (
     SpecCounters,
     new_tokens,
 )
-from engines.http_flags import OpenAIFlags
-from engines.local_model import counting_tokenizer
-from engines.openai_options import (
+from engines.common.local_model import counting_tokenizer
+from engines.openai import prom
+from engines.openai.flags import OpenAIFlags
+from engines.openai.options import (
     ENDPOINTS,
     OPTIONS,
     ignore_eos_unsent,
@@ -49,7 +49,7 @@ from engines.openai_options import (
     split_base_url,
     validate_options,
 )
-from engines.openai_server import (
+from engines.openai.server_info import (
     START_TIMEOUT,
     get_models,
     get_version,
@@ -57,7 +57,7 @@ from engines.openai_server import (
     one_line,
     pick_model,
 )
-from engines.sse import DONE, RequestFailed, StreamEnd, parse_event, sse_events
+from engines.openai.sse import DONE, RequestFailed, StreamEnd, parse_event, sse_events
 from workloads.base import Request
 
 READ_BUFSIZE = 1 << 24  # 16 MiB; lines are split by hand anyway, so no line-length limit
@@ -68,7 +68,7 @@ log = logging.getLogger(__name__)
 
 class OpenAIEngine(OpenAIFlags, Engine):
     """Streams from one or more replicas of an OpenAI-compatible server (its flags:
-    :class:`engines.http_flags.OpenAIFlags`)."""
+    :class:`engines.openai.flags.OpenAIFlags`)."""
 
     name: ClassVar[str] = "openai"
     spec_methods: ClassVar[tuple[str, ...]] = SPEC_METHODS  # whatever the server runs
@@ -130,7 +130,7 @@ class OpenAIEngine(OpenAIFlags, Engine):
         self._load_counting_tokenizer()
 
     async def _detect_vllm(self) -> bool:
-        """:func:`engines.openai_server.is_vllm`; /metrics is read only when the model cards
+        """:func:`engines.openai.server_info.is_vllm`; /metrics is read only when the model cards
         do not already say vLLM."""
         metrics = False
         if self.server_version is not None and not self._owned_by_vllm:
@@ -292,7 +292,7 @@ class OpenAIEngine(OpenAIFlags, Engine):
             info["output_tokens_from"] = "tokenizer (the server sent no usage)"
         else:
             info["output_tokens_from"] = "text events (no usage, no tokenizer)"
-        info["first_token_from"], late = end.first_token(not first, url)  # see engines.sse
+        info["first_token_from"], late = end.first_token(not first, url)  # see engines.openai.sse
         if late is not None:  # no event carried text: the only token was a special one
             yield late
         elif first:  # no token-carrying chunk: the replica goes with the last one

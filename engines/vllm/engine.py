@@ -1,13 +1,13 @@
 """In-process vLLM engine: one ``LLMEngine`` driven request by request, streamed per id.
 
 Design: on CPU the engine core runs in this process, on CUDA each engine's in its own process
-(``VLLM_ENABLE_V1_MULTIPROCESSING``: engines/vllm_process.py). The process's one stepping thread
-(engines/vllm_stepper.py: shared, so no lane owns a thread's CPU placement) builds the engine,
+(``VLLM_ENABLE_V1_MULTIPROCESSING``: engines/vllm/process.py). The process's one stepping thread
+(engines/vllm/stepper.py: shared, so no lane owns a thread's CPU placement) builds the engine,
 adds and aborts requests, calls ``step()`` while requests are unfinished and stamps each step's
 outputs (DELTA) right after it returns, with the clock the runner passed to :meth:`stream`. The
 stamped steps reach the event loop at most every ``DELIVERY_S`` and at once when a request
 finishes; there each output is filed into its request's ``Pending`` and each stream takes what
-it has as one chunk (engines/handover.py): no per-token object or wake-up, no timestamp moved.
+it has as one chunk (engines/common/handover.py): no per-token object or wake-up, no timestamp moved.
 ``LLMEngine.add_request`` mutates the scheduler that ``step()`` walks, so :meth:`stream` only
 enqueues it for the thread. Spec counters: ``step()`` records its stats before it returns its
 outputs, so a request's last chunk arrives after the counters cover every step it used.
@@ -36,12 +36,12 @@ from engines.base import (
     Request,
     SpecCounters,
 )
-from engines.handover import DELIVERY_S, Pending
-from engines.local_model import has_chat_template, prompt_ids
-from engines.vllm_messages import Abort, Add, Call, Command, Step, Stop
-from engines.vllm_metrics import StatsTap
-from engines.vllm_process import ENV, core_mode, engine_process_default
-from engines.vllm_setup import (
+from engines.common.handover import DELIVERY_S, Pending
+from engines.common.local_model import has_chat_template, prompt_ids
+from engines.vllm.messages import Abort, Add, Call, Command, Step, Stop
+from engines.vllm.metrics import StatsTap
+from engines.vllm.process import ENV, core_mode, engine_process_default
+from engines.vllm.setup import (
     VLLMFlags,
     build_llm,
     free_dist_state,
@@ -52,10 +52,10 @@ from engines.vllm_setup import (
     torch_threads_kept,
     validate_config,
 )
-from engines.vllm_stepper import STEPPER, Open
-from engines.vllm_threads import StepThreads
+from engines.vllm.stepper import STEPPER, Open
+from engines.vllm.threads import StepThreads
 
-# Before vLLM is imported: where the engine core runs (engines/vllm_process.py); vLLM's log goes
+# Before vLLM is imported: where the engine core runs (engines/vllm/process.py); vLLM's log goes
 os.environ.setdefault(ENV, engine_process_default())  # to stderr (stdout: the summary)
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
@@ -134,7 +134,7 @@ class VLLMEngine(VLLMFlags, Engine):
             **self._facts,
         }
 
-    # ---- on the stepping thread (engines/vllm_stepper.py's Lane) -----------------------------
+    # ---- on the stepping thread (engines/vllm/stepper.py's Lane) -----------------------------
     def open(self) -> None:
         """Build the engine (on the process's stepping thread)."""
         try:
@@ -304,7 +304,7 @@ class VLLMEngine(VLLMFlags, Engine):
             p.fail(exc)
 
     def prompt_input(self, request: Request) -> dict[str, Any]:
-        """What vLLM is given as the prompt: token ids (engines/local_model.py's rule, the HF
+        """What vLLM is given as the prompt: token ids (engines/common/local_model.py's rule, the HF
         engine's too) and the request's cache salt."""
         ids, _ = prompt_ids(self._llm.get_tokenizer(), request)
         prompt: dict[str, Any] = {"prompt_token_ids": ids}
