@@ -43,7 +43,7 @@ class StubServer:
     """``python -m bench.stub_server`` in its own process (its own event loop)."""
 
     def __init__(self, work: Path) -> None:
-        from engines.servers.vllm_serve import free_port
+        from engines.servers.process import free_port
 
         self.port = free_port()
         self.log = work / "stub_sends.jsonl"

@@ -34,7 +34,7 @@ class _QuietStub(StubServer):
     """The stub without its per-request send log (it would cost the stub CPU per request)."""
 
     def __init__(self, work: Path) -> None:
-        from engines.servers.vllm_serve import free_port
+        from engines.servers.process import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

@@ -147,6 +147,7 @@ async def _stamped(engine: VLLMEngine, reqs: list[Request]) -> dict[str, Any]:
     import time
 
     import engines.vllm.engine as ev
+    import engines.vllm.lane as lane  # the stepping thread's hand-over, the event loop's wake
 
     sizes: list[int] = []  # outputs per hand-over
     orig, orig_s = engine._deliver, ev.DELIVERY_S
@@ -155,7 +156,8 @@ async def _stamped(engine: VLLMEngine, reqs: list[Request]) -> dict[str, Any]:
         sizes.append(sum(len(step.outputs) for step in steps))
         orig(steps)
 
-    engine._deliver, ev.DELIVERY_S = counting, 10.0  # only the first step and the ends go at once
+    engine._deliver = counting  # only the first step and the ends go at once
+    ev.DELIVERY_S = lane.DELIVERY_S = 10.0
     try:
         t0 = time.perf_counter()
         chunks = await asyncio.gather(
@@ -164,7 +166,7 @@ async def _stamped(engine: VLLMEngine, reqs: list[Request]) -> dict[str, Any]:
         return {"t0": t0, "t1": time.perf_counter(), "chunks": chunks, "deliveries": sizes}
     finally:
         del engine._deliver
-        ev.DELIVERY_S = orig_s
+        ev.DELIVERY_S = lane.DELIVERY_S = orig_s
 
 
 async def _collect_stamped(engine: VLLMEngine, r: Request, clock: Any) -> list[Any]:

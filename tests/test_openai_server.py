@@ -79,7 +79,7 @@ def test_several_listed_models_stop_the_engine_unless_one_is_named() -> None:
 
 def test_the_only_listed_model_is_requested_and_said(caplog: pytest.LogCaptureFixture) -> None:
     server = FakeServer(Behaviour(tokens=2), listed=["llama3:8b"], vllm=False)
-    with caplog.at_level(logging.WARNING, logger="engines.openai.engine"):
+    with caplog.at_level(logging.WARNING, logger="engines.openai"):
         engine = _start(server)
     assert server.requests[0].body["model"] == "llama3:8b"
     assert engine.describe()["served_model_from"] == "the only model the server lists"

@@ -16,7 +16,7 @@ import pytest
 
 from bench.stepsim import StepSimEngine
 from engines.base import EngineError, GenParams, Request
-from engines.vllm.engine import _ALIVE
+from engines.vllm.lane import _ALIVE
 from engines.vllm.messages import Abort
 from engines.vllm.stepper import STEPPER
 
@@ -391,7 +391,7 @@ def test_a_failed_build_leaves_the_thread_one_openmp_thread(
     import torch
     from vllm.platforms import current_platform
 
-    import engines.vllm.engine as vllm_engine
+    import engines.vllm.lane as vllm_lane
     from engines.vllm.engine import VLLMEngine
 
     if not current_platform.is_cpu():
@@ -406,7 +406,7 @@ def test_a_failed_build_leaves_the_thread_one_openmp_thread(
             return VLLMEngine._load(self)
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(vllm_engine, "build_llm", partial_build)
+    monkeypatch.setattr(vllm_lane, "build_llm", partial_build)
 
     async def go() -> int:
         e = _engine()
