@@ -258,7 +258,7 @@ def test_remote_run_with_the_default_model_neither_builds_it_nor_counts_with_it(
         code = main([*argv, "--base-url", url])
     err = capsys.readouterr().err
     assert code == 0, err
-    said = [r.getMessage() for r in caplog.records if r.name == "engines.openai.engine"]
+    said = [r.getMessage() for r in caplog.records if r.name == "engines.openai"]
     assert said == ["openai: requesting 'llama3:8b', the only model the server lists"]
     res = json.loads((out / "results.json").read_text())
     (run,) = res["runs"]
