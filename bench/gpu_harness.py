@@ -1,6 +1,6 @@
 """The HF engine's lanes through the whole harness on the check's random-weight pair: the plan
 said before loading (memory per lane from config.json), baseline + assisted generation + prompt
-lookup alive at once on ONE target object and one draft (engines/hf_models.py), and the device's
+lookup alive at once on ONE target object and one draft (engines/hf/models.py), and the device's
 measured peak next to the plan's estimate. Part of ``python -m bench.gpu_check``; on CPU the same
 steps run on small sizes (tests/test_gpu_harness.py)."""
 
@@ -19,7 +19,7 @@ def harness_lanes(device: str, target: str, draft: str, tokens: int, out: Path) 
     on one instance each), with what the plan said and what the device held."""
     import torch
 
-    from engines import hf_models
+    from engines.hf import models as hf_models
     from harness.cli.main import main as harness_main
 
     cuda = device.startswith("cuda")

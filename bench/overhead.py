@@ -199,7 +199,7 @@ SCALED_LABEL = "vllm throughput, 8x512 random-weight Llama"
 async def _vllm_scaled(model: str, quick: bool, pairs: int, tokens: int) -> list[Measured]:
     """The throughput row on a larger random-weight model: longer steps, same per-token cost."""
     from engines.base import EngineConfig, GenParams
-    from engines.vllm import VLLMEngine
+    from engines.vllm.engine import VLLMEngine
     from harness.core.load import Concurrent
 
     engine = VLLMEngine(EngineConfig(engine="vllm", model=scaled_model(model, SCALED)))
@@ -219,7 +219,7 @@ async def _vllm_scaled(model: str, quick: bool, pairs: int, tokens: int) -> list
 async def _vllm(model: str, quick: bool, pairs: int, tokens: int) -> list[Measured]:
     from bench.vllm_raw import generate_batch
     from engines.base import EngineConfig, GenParams
-    from engines.vllm import VLLMEngine
+    from engines.vllm.engine import VLLMEngine
     from harness.core.load import Concurrent, Synchronous
 
     engine = VLLMEngine(EngineConfig(engine="vllm", model=model, device="cpu"))
@@ -253,7 +253,7 @@ async def _hf(model: str, quick: bool, pairs: int, tokens: int) -> list[Measured
     import torch
 
     from engines.base import EngineConfig, GenParams
-    from engines.hf import HFEngine
+    from engines.hf.engine import HFEngine
     from harness.core.load import Synchronous
 
     engine = HFEngine(EngineConfig(engine="hf", model=model, device="cpu"))
@@ -343,7 +343,7 @@ async def run(quick: bool) -> Result:
         "every token with its timestamp: in-process engines stamp each step's tokens on their "
         "own thread with the runner's clock; a request's stream takes them, one chunk with a "
         "stamp per step, at most every 0.5 s and when it ends (`DELIVERY_S` in "
-        "engines/handover.py)."
+        "engines/common/handover.py)."
     )
     res.body.extend(why(facts))
     if fallback:

@@ -47,7 +47,7 @@ def local_cluster(nodes: int, temp_dir: str, cpus: int = 1) -> Iterator[str]:
     """Yields the head's address; each node has the custom resource ``node_K``."""
     if not private_network():
         raise RuntimeError("local_cluster: run inside `unshare -n` (loopback only)")
-    from engines.vllm_server import free_port
+    from engines.servers.process import free_port
 
     port = free_port()
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}

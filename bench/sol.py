@@ -48,8 +48,8 @@ async def _decode_rate(engine: Any, texts: list[str], tokens: int) -> dict[str, 
 
 async def run(quick: bool) -> Result:
     from engines.base import EngineConfig
-    from engines.hf import HFEngine
-    from engines.vllm import VLLMEngine
+    from engines.hf.engine import HFEngine
+    from engines.vllm.engine import VLLMEngine
 
     res = Result("sol", "4. Speed of light (batch-1 decode vs memory bandwidth)")
     model, fallback = target_model()

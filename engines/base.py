@@ -269,7 +269,7 @@ class Engine(Protocol):
         raise UnsupportedError(f"{self.name}: no static batching")
 
     # ---- what the run's flags mean to it (defaults: nothing) ----------------------------------
-    # the run-level settings (engines.http_flags.RunFlags) this engine takes into its options;
+    # the run-level settings (engines.openai.flags.RunFlags) this engine takes into its options;
     # "max_model_len" (--max-model-len): into its engine_args under that name (RunPlan.args_for)
     run_flags: ClassVar[frozenset[str]] = frozenset()
 
@@ -321,12 +321,12 @@ def speculative_config(
 # name -> "module:Class"; modules are imported only when the engine is used, so an HTTP run
 # never imports torch.
 REGISTRY: dict[str, str] = {
-    "hf": "engines.hf:HFEngine",
-    "vllm": "engines.vllm:VLLMEngine",
-    "openai": "engines.openai:OpenAIEngine",
-    "vllm-server": "engines.vllm_server:VLLMServerEngine",
-    "transformers-server": "engines.transformers_server:TransformersServerEngine",
-    "transformers-server-cb": "engines.transformers_server:TransformersServerCBEngine",
+    "hf": "engines.hf.engine:HFEngine",
+    "vllm": "engines.vllm.engine:VLLMEngine",
+    "openai": "engines.openai.engine:OpenAIEngine",
+    "vllm-server": "engines.servers.vllm_serve:VLLMServerEngine",
+    "transformers-server": "engines.servers.transformers_serve:TransformersServerEngine",
+    "transformers-server-cb": "engines.servers.transformers_serve:TransformersServerCBEngine",
 }
 
 SPEC_METHODS = ("draft_model", "ngram", "eagle", "eagle3", "mtp", "suffix")

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# as engines/vllm.py sets it for the harness, whichever test imports vLLM first: its log lines
+# as engines/vllm/engine.py sets it for the harness, whichever test imports vLLM first: its log lines
 # go to stderr, and stdout stays the harness's own (tests/inprocess.py reads it)
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from engines.base import EngineConfig, create_engine
-from engines.vllm_server import VLLMServerEngine
+from engines.servers.vllm_serve import VLLMServerEngine
 
 Pair = tuple[str, str]  # (target, draft) directories
 

@@ -54,7 +54,7 @@ def test_a_worker_that_cannot_start_is_one_line() -> None:
     from dataclasses import replace
 
     from engines.base import EngineConfig, EngineError
-    from engines.openai import OpenAIEngine
+    from engines.openai.engine import OpenAIEngine
 
     async def body() -> None:
         async with FakeServer(Behaviour(tokens=2)) as url:

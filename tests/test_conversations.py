@@ -251,7 +251,7 @@ def test_multi_turn_ngram_on_vllm_prints_the_turn_table(tiny_pair, tmp_path, cap
     # the chat template over turn 1 and the answer this run recorded for turn 1
     from transformers import AutoTokenizer
 
-    from engines.local_model import prompt_ids
+    from engines.common.local_model import prompt_ids
     from harness.run.conversations import history
 
     tok = AutoTokenizer.from_pretrained(tiny_pair[0])

@@ -63,7 +63,7 @@ def test_three_in_process_engines_run_interleaved(session: Session) -> None:
     }
     for label in ("ngram", "draft_model"):  # both engines alive at once answer identically
         assert lossless(by["baseline"], by[label], 0.0)["share_identical"] == 1.0
-    # the lanes step on one thread: none owns a thread's CPU placement (engines/vllm_stepper.py);
+    # the lanes step on one thread: none owns a thread's CPU placement (engines/vllm/stepper.py);
     # a block's fresh engines on one thread (a new one per block: the last engine's close ends it)
     for block in {r.schedule.block for r in runs}:
         threads = {r.engine_info["stepping_thread"] for r in runs if r.schedule.block == block}
@@ -103,7 +103,7 @@ def test_no_measured_run_hits_the_prefix_cache(session: Session) -> None:
 
 def test_prefix_cache_counters_see_hits_until_reset(tiny_pair: tuple[str, str]) -> None:
     """The counter the session test relies on can fail: a repeat hits, a reset clears."""
-    from engines.vllm import VLLMEngine
+    from engines.vllm.engine import VLLMEngine
 
     async def go() -> list[dict[str, int]]:
         engine = VLLMEngine(EngineConfig(engine="vllm", model=tiny_pair[0]))
@@ -128,11 +128,11 @@ def test_prefix_cache_counters_see_hits_until_reset(tiny_pair: tuple[str, str]) 
 
 def test_a_closed_engine_leaves_no_tokenizer_behind(tiny_pair: tuple[str, str]) -> None:
     """vLLM's renderer pool deep-copies the tokenizer and those copies outlive the engine (two
-    per engine, engines/vllm_setup.py: tokenizer_unpooled): built and closed three times, the
+    per engine, engines/vllm/setup.py: tokenizer_unpooled): built and closed three times, the
     process holds no more tokenizers after the third engine than after the second."""
     import gc
 
-    from engines.vllm import VLLMEngine
+    from engines.vllm.engine import VLLMEngine
 
     def tokenizers_alive() -> int:
         gc.collect()

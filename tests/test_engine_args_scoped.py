@@ -63,7 +63,7 @@ def test_an_argument_an_engine_does_not_take_is_refused_in_one_line(
 def test_max_model_len_reaches_every_vllm_engine_and_no_other(tiny_pair) -> None:
     """--max-model-len is a plan setting (config.max_model_len) that each vLLM engine gets as
     its max_model_len: in-process (LLM's kwargs) and the managed `vllm serve` (its argv)."""
-    from engines.vllm_server import VLLMServerEngine
+    from engines.servers.vllm_serve import VLLMServerEngine
 
     plan = plan_of("--engine", "hf,vllm,vllm-server", "--model", tiny_pair[0],
                    "--max-model-len", "4096", "--engine-args", 'hf={"attn_implementation": "sdpa"}')  # fmt: skip

@@ -14,9 +14,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from engines.base import EngineConfig, EngineError, GenParams, Request, UnsupportedError  # noqa: E402
-from engines.hf import HFEngine  # noqa: E402
-from engines.hf_spec import AcceptanceCounter, instrument  # noqa: E402
-from engines.hf_thread import generation_thread  # noqa: E402
+from engines.hf.engine import HFEngine  # noqa: E402
+from engines.hf.spec import AcceptanceCounter, instrument  # noqa: E402
+from engines.hf.thread import generation_thread  # noqa: E402
 
 PROMPTS = [
     "The capital of France is",
@@ -157,7 +157,7 @@ def test_stamped_stream_is_delivered_in_batches(
     exist, and reach the event loop in batches (far fewer wake-ups than tokens)."""
     import time
 
-    from engines import hf_stream
+    from engines.hf import stream as hf_stream
 
     pushes: list[str] = []
     orig = hf_stream.QueueStreamer.push
@@ -290,7 +290,7 @@ def test_validate(pair: tuple[str, str], tmp_path: Path) -> None:
 
 
 def test_every_forward_runs_on_the_one_generation_thread(engines: dict[str, HFEngine]) -> None:
-    """A new thread's first forwards ran 5-10x slower on CUDA (engines/hf_thread.py): every
+    """A new thread's first forwards ran 5-10x slower on CUDA (engines/hf/thread.py): every
     request of every engine, static batches and ``step_costs`` run on one long-lived thread."""
     seen: set[int] = set()
     hooks = [

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from engines import prom
 from engines.base import Chunk, EngineConfig, EngineError, GenParams, SpecCounters
-from engines.openai import OpenAIEngine
-from engines.prom import parse_metrics
-from engines.sse import RequestFailed, sse_events
+from engines.openai import prom
+from engines.openai.engine import OpenAIEngine
+from engines.openai.prom import parse_metrics
+from engines.openai.sse import RequestFailed, sse_events
 from tests.fake_server import TOKEN_BASE, Behaviour, FakeServer, render_metrics
 from workloads.base import Request
 
@@ -496,7 +496,7 @@ def test_sse_parser_handles_split_reads() -> None:
 
 def test_http_modules_do_not_import_torch_or_vllm() -> None:
     code = (
-        "import sys, engines.openai, engines.vllm_server, engines.prom\n"
+        "import sys, engines.openai.engine, engines.servers.vllm_serve, engines.openai.prom\n"
         "bad = {'torch', 'transformers', 'vllm'} & set(sys.modules)\n"
         "assert not bad, bad\n"
     )
@@ -507,7 +507,7 @@ def test_without_ids_a_vllm_event_is_one_step_even_with_empty_text() -> None:
     """vLLM sends an event per engine step, its text empty for a special token or part of a
     character; without ids each is a token (as ``vllm bench serve`` counts), chat's role-only
     first delta aside. Other servers: only events with text count (an empty preamble is not)."""
-    from engines.sse import parse_event
+    from engines.openai.sse import parse_event
 
     def sizes(events: list[dict[str, Any]], chat: bool, steps: bool) -> list[int]:
         return [c.size for e in events for c in parse_event(e, chat, 0.0, steps) if c.size]

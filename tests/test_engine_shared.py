@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from engines.base import EngineConfig, EngineError
-from engines.local_model import looks_like_path, missing_path, prompt_ids
-from engines.vllm_server import VLLMServerEngine
-from engines.vllm_setup import CPU_DTYPE, CPU_KV_CACHE_BYTES, CPU_MAX_MODEL_LEN, cpu_defaults
+from engines.common.local_model import looks_like_path, missing_path, prompt_ids
+from engines.common.vllm_args import CPU_DTYPE, CPU_KV_CACHE_BYTES, CPU_MAX_MODEL_LEN, cpu_defaults
+from engines.servers.vllm_serve import VLLMServerEngine
 from workloads.base import Request
 
 
@@ -35,8 +35,8 @@ def test_a_path_or_a_hub_id(name: str, path: bool) -> None:
 
 def test_every_side_refuses_the_same_missing_path(tmp_path: Any) -> None:
     """The CLI, the HF engine and in-process vLLM agree: ``a/b/c`` is a missing path."""
-    from engines.hf import HFEngine
-    from engines.vllm import VLLMEngine
+    from engines.hf.engine import HFEngine
+    from engines.vllm.engine import VLLMEngine
     from harness.flags.options import UsageError
     from harness.flags.parser import build_parser
     from harness.flags.plan import build_plan, resolve_models
@@ -89,7 +89,7 @@ def test_server_and_in_process_vllm_share_the_cpu_defaults(monkeypatch: pytest.M
     argv = server.argv
     assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(CPU_KV_CACHE_BYTES)
     assert argv[argv.index("--max-model-len") + 1] == str(CPU_MAX_MODEL_LEN)
-    # dtype "auto" on CPU: float32 for both (vllm_setup.CPU_DTYPE), recorded as chosen
+    # dtype "auto" on CPU: float32 for both (vllm_args.CPU_DTYPE), recorded as chosen
     assert server.describe()["defaults_chosen"] == table | {"dtype": CPU_DTYPE}
     assert argv[argv.index("--dtype") + 1] == CPU_DTYPE
     user = {"gpu_memory_utilization": 0.5, "max_model_len": 64}  # the user's keys win, alone

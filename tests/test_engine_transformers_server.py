@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from engines.base import EngineConfig, EngineError, GenParams
-from engines.openai import OpenAIEngine
-from engines.transformers_server import TransformersServerCBEngine, TransformersServerEngine
+from engines.openai.engine import OpenAIEngine
+from engines.servers.transformers_serve import TransformersServerCBEngine, TransformersServerEngine
 from harness.core.load import Concurrent, Synchronous
 from harness.run.runner import Runner
 from tests.servers import ServerPool
@@ -100,7 +100,7 @@ def test_a_one_token_answer_without_text_has_a_first_token(
     """On the tiny target, "<|eos|>" (after the BOS the server prepends) is answered greedily by
     <|bos|>: one special token, so one event with empty text, finish_reason and usage. The record
     still has a first-token time (the answer's first event), says so, and the TTFT counts it."""
-    from engines.sse import FIRST_EVENT, TOKEN_CHUNK
+    from engines.openai.sse import FIRST_EVENT, TOKEN_CHUNK
     from harness.analysis.comparisons.stats import summarize
 
     engine = _openai(server, endpoint="completions", served_model=server.config.model)
@@ -156,7 +156,7 @@ def test_argv_and_validation(tiny_pair: tuple[str, str]) -> None:
 
 
 def test_cli_gives_managed_servers_their_options(tmp_path) -> None:
-    from engines.openai_options import ignore_eos_unsent
+    from engines.openai.options import ignore_eos_unsent
     from harness.flags.parser import build_parser
     from harness.flags.plan import build_plan
 

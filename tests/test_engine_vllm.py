@@ -18,9 +18,9 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from bench.vllm_raw import generate_batch  # noqa: E402
 from engines.base import EngineConfig, EngineError, GenParams, Request, SpecCounters  # noqa: E402
-from engines.prom import parse_metrics
-from engines.vllm import VLLMEngine  # noqa: E402
-from engines.vllm_metrics import (  # noqa: E402
+from engines.openai.prom import parse_metrics
+from engines.vllm.engine import VLLMEngine  # noqa: E402
+from engines.vllm.metrics import (  # noqa: E402
     spec_counters_from_snapshot,
 )
 
@@ -146,7 +146,8 @@ async def _stamped(engine: VLLMEngine, reqs: list[Request]) -> dict[str, Any]:
     """Stream ``reqs`` with the runner's clock, counting hand-overs to the event loop."""
     import time
 
-    import engines.vllm as ev
+    import engines.vllm.engine as ev
+    import engines.vllm.lane as lane  # the stepping thread's hand-over, the event loop's wake
 
     sizes: list[int] = []  # outputs per hand-over
     orig, orig_s = engine._deliver, ev.DELIVERY_S
@@ -155,7 +156,8 @@ async def _stamped(engine: VLLMEngine, reqs: list[Request]) -> dict[str, Any]:
         sizes.append(sum(len(step.outputs) for step in steps))
         orig(steps)
 
-    engine._deliver, ev.DELIVERY_S = counting, 10.0  # only the first step and the ends go at once
+    engine._deliver = counting  # only the first step and the ends go at once
+    ev.DELIVERY_S = lane.DELIVERY_S = 10.0
     try:
         t0 = time.perf_counter()
         chunks = await asyncio.gather(
@@ -164,7 +166,7 @@ async def _stamped(engine: VLLMEngine, reqs: list[Request]) -> dict[str, Any]:
         return {"t0": t0, "t1": time.perf_counter(), "chunks": chunks, "deliveries": sizes}
     finally:
         del engine._deliver
-        ev.DELIVERY_S = orig_s
+        ev.DELIVERY_S = lane.DELIVERY_S = orig_s
 
 
 async def _collect_stamped(engine: VLLMEngine, r: Request, clock: Any) -> list[Any]:
@@ -262,7 +264,7 @@ def test_baseline_describe_and_counters(baseline: dict[str, Any]) -> None:
 def test_cpu_stepping_thread_unpinned_and_single_threaded(baseline: dict[str, Any]) -> None:
     """vLLM's CPU default binds OpenMP threads to cores and steps with a worker per core; in
     the harness's process that collapsed decoding under any background load (engines/
-    vllm_setup.py: cpu_threads). The stepper runs one unbound thread, and the process's
+    engines/vllm/setup.py: cpu_threads). The stepper runs one unbound thread, and the process's
     default for other threads is left as it was."""
     t = baseline["threads"]
     assert t["stepper"] == 1
@@ -355,7 +357,7 @@ def test_a_draft_path_vllm_would_read_as_an_eagle_head_is_refused(pair, tmp_path
     spec = {"method": "draft_model", "model": str(link), "num_speculative_tokens": 2}
     with pytest.raises(EngineError, match="contains 'eagle-', which vLLM reads as that head"):
         VLLMEngine.validate(EngineConfig(engine="vllm", model=pair[0], spec_config=spec))
-    from engines.vllm_server import VLLMServerEngine  # vllm serve reads it the same way
+    from engines.servers.vllm_serve import VLLMServerEngine  # vllm serve reads it the same way
 
     with pytest.raises(EngineError, match="contains 'eagle-'"):
         VLLMServerEngine.validate(EngineConfig(engine="vllm-server", model=pair[0], spec_config=spec))
@@ -496,7 +498,7 @@ def shared(pair: tuple[str, str]) -> dict[str, Any]:
 @pytest.mark.slow
 def test_engines_of_a_process_share_one_stepping_thread(shared: dict[str, Any]) -> None:
     """A lane owning a thread owns that thread's CPU placement (a lane effect that rotation
-    cannot remove, engines/vllm_stepper.py): every engine steps on the same native thread."""
+    cannot remove, engines/vllm/stepper.py): every engine steps on the same native thread."""
     assert len(set(shared["ids"])) == 1 and shared["ids"][0] is not None
     assert shared["described"] == shared["on_stepper"] == shared["ids"]
     assert shared["ids"][0] != shared["loop_thread"]
@@ -540,7 +542,7 @@ def test_one_engine_failing_leaves_the_others_serving(
 
 
 def test_omp_threads_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    from engines.vllm_threads import omp_threads_asked
+    from engines.vllm.threads import omp_threads_asked
 
     for value, want in (("1", 1), ("4", 4), ("0", None), ("abc", None)):
         monkeypatch.setenv("OMP_NUM_THREADS", value)
@@ -554,7 +556,7 @@ def test_a_failing_step_still_gives_the_thread_its_count_back() -> None:
     the count must not leave it changed."""
     from types import SimpleNamespace
 
-    from engines.vllm_threads import StepThreads
+    from engines.vllm.threads import StepThreads
 
     count = {"n": 1}
 

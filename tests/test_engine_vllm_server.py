@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from engines.base import Chunk, EngineConfig, EngineError, GenParams
-from engines.vllm_server import VLLMServerEngine, to_flags
+from engines.servers.vllm_serve import VLLMServerEngine, to_flags
 from tests.servers import ServerPool
 from workloads.base import Request
 

@@ -155,9 +155,9 @@ def test_a_server_that_never_answers_is_a_one_line_error(tmp_path, capsys, monke
     """A port that accepts connections and says nothing, neither at its root nor on /v1/models."""
     import socket
 
-    import engines.http_flags
+    import engines.openai.flags
 
-    monkeypatch.setattr(engines.http_flags, "PROBE_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(engines.openai.flags, "PROBE_TIMEOUT_S", 0.2)
     with socket.socket() as mute:
         mute.bind(("127.0.0.1", 0))
         mute.listen()

@@ -12,7 +12,7 @@ import statistics
 import pytest
 
 from engines.base import Chunk, GenParams, Request
-from engines.sse import FIRST_EVENT, TOKEN_CHUNK
+from engines.openai.sse import FIRST_EVENT, TOKEN_CHUNK
 from harness.core.load import Concurrent
 from harness.core.records import RequestRecord
 from harness.run.runner import Runner

@@ -1,10 +1,10 @@
-"""engines/heap.py: freed heap goes back to the OS where the C library can (glibc)."""
+"""engines/common/heap.py: freed heap goes back to the OS where the C library can (glibc)."""
 
 from __future__ import annotations
 
 import pytest
 
-from engines import heap
+from engines.common import heap
 
 
 def test_trim_returns_the_freed_middle_of_the_heap() -> None:

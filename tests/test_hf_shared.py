@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from engines import hf_models
+from engines.hf import models as hf_models
 from harness.cli.preflight import engine_methods
 from harness.flags.parser import build_parser
 from harness.flags.plan import build_plan, model_names

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from engines.hf_thread import GenerationThread, generation_thread
+from engines.hf.thread import GenerationThread, generation_thread
 
 
 def test_calls_run_in_order_on_one_thread() -> None:

@@ -140,7 +140,7 @@ def test_every_block_builds_fresh_instances_in_its_own_seeded_order() -> None:
 def test_the_heap_is_trimmed_after_every_block_before_its_rss_is_read(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Closed engines leave freed heap in glibc's arenas (engines/heap.py): each block's close
+    """Closed engines leave freed heap in glibc's arenas (engines/common/heap.py): each block's close
     is followed by one trim, before the next block builds, and what it returned is recorded."""
     from harness.run import blocks
 

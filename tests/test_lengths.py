@@ -197,8 +197,10 @@ def _engine_modules(name: str) -> list[str]:
         found.append(mod)
         for node in ast.walk(ast.parse(_source(mod))):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("engines"):
-                if node.module == "engines":  # from engines import x
-                    todo += [f"engines.{a.name}" for a in node.names]
+                package = Path(__file__).resolve().parents[1] / Path(*str(node.module).split("."))
+                if package.is_dir():  # from engines.openai import prom: the module prom
+                    todo += [f"{node.module}.{a.name}" for a in node.names
+                             if (package / f"{a.name}.py").exists()]  # fmt: skip
                 else:
                     todo.append(str(node.module))
             elif isinstance(node, ast.Import):

@@ -190,14 +190,14 @@ def test_memory_fraction_reaches_vllm_on_cuda(monkeypatch: pytest.MonkeyPatch, t
     from vllm.platforms import current_platform
 
     from engines.base import EngineConfig
-    from engines.vllm_setup import engine_kwargs
+    from engines.common.vllm_args import engine_kwargs
 
     monkeypatch.setattr(current_platform, "is_cpu", lambda: False)  # modelled: a CUDA platform
     cfg = EngineConfig("vllm", tiny_pair[0], dtype="bfloat16", memory_fraction=0.31, share=7)
     kwargs, _ = engine_kwargs(cfg)
     assert kwargs["gpu_memory_utilization"] == 0.31  # the plan's share, not 0.9 / 7
     assert kwargs["dtype"] == "bfloat16"
-    from engines.hf_models import dtype_name
+    from engines.hf.models import dtype_name
 
     assert dtype_name(cfg.dtype, on_cuda=True) == "bfloat16"  # what HF loads for that config
 

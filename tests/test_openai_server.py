@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from engines.base import Chunk, EngineConfig, EngineError, GenParams
-from engines.local_model import counting_tokenizer
-from engines.openai import OpenAIEngine
-from engines.openai_server import is_vllm, listed_models, pick_model
+from engines.common.local_model import counting_tokenizer
+from engines.openai.engine import OpenAIEngine
+from engines.openai.server_info import is_vllm, listed_models, pick_model
 from harness.flags.parser import build_parser
 from harness.flags.plan import build_plan, needs_local_models
 from tests.fake_server import Behaviour, FakeServer, render_metrics

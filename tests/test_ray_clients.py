@@ -102,7 +102,7 @@ def test_a_killed_actor_loses_only_its_in_flight_request(ray_cluster) -> None:
     import time
 
     from engines.base import EngineConfig, GenParams, Request
-    from engines.openai import OpenAIEngine
+    from engines.openai.engine import OpenAIEngine
     from harness.core.load import Concurrent
     from harness.run.ray_clients import RayClientPool
     from harness.run.runner import Runner

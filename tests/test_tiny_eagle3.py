@@ -76,7 +76,7 @@ def test_the_head_predicts_the_targets_tokens_as_vllm_feeds_it() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from engines.local_model import prompt_ids
+    from engines.common.local_model import prompt_ids
     from harness.models import evaluate as models_eval
     from workloads import load_workload
 

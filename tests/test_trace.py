@@ -212,8 +212,8 @@ def check_trace_path() -> Path:
 def test_http_body_sends_a_traces_ids_as_the_prompt() -> None:
     """/v1/completions takes a list of ids: a trace's request (ids, no text) sends them as they
     are; a synthetic request (text and ids) keeps sending its text; chat cannot carry ids."""
-    from engines.openai_options import prompt_fields
-    from engines.sse import RequestFailed
+    from engines.openai.options import prompt_fields
+    from engines.openai.sse import RequestFailed
     from workloads.base import Request
 
     trace = Request("0", prompt_token_ids=(5, 6, 7))
@@ -283,7 +283,7 @@ def test_trace_and_turn_flags_without_their_workload_are_refused(capsys) -> None
 def test_server_metrics_give_prefix_cache_tokens_and_the_kv_block() -> None:
     """vLLM's /metrics: prefix-cache queries and hits (summed over engines and replicas) and
     the KV block size from cache_config_info, which a replay over HTTP compares against."""
-    from engines.prom import combine, parse_metrics
+    from engines.openai.prom import combine, parse_metrics
 
     page = (
         "# TYPE vllm:cache_config_info gauge\n"

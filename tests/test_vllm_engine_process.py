@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engines.vllm_process import ENV, engine_process_default
+from engines.vllm.process import ENV, engine_process_default
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,8 +26,8 @@ def test_cuda_puts_each_engine_core_in_its_own_process() -> None:
     assert engine_process_default(cuda=True) == "1"
     assert engine_process_default(cuda=False) == "0"
     code = (
-        "import os, engines.vllm_process as p; p.cuda_visible = lambda: True; "
-        "import engines.vllm; print(os.environ['VLLM_ENABLE_V1_MULTIPROCESSING'], p.core_mode())"
+        "import os, engines.vllm.process as p; p.cuda_visible = lambda: True; "
+        "import engines.vllm.engine; print(os.environ['VLLM_ENABLE_V1_MULTIPROCESSING'], p.core_mode())"
     )
     forced = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True,
                             text=True, check=True, cwd=ROOT)  # fmt: skip

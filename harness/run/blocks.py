@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from engines.heap import rss_mb, trim_heap
+from engines.common.heap import rss_mb, trim_heap
 from harness.analysis.comparisons.paired import precise_enough
 from harness.core.design import build_order, lane_order
 from harness.core.results import Cell, Run

@@ -109,7 +109,7 @@ class Session(BlockSchedule):
         )  # fmt: skip
         if self.rss_after_block_mb:  # a leak from rebuilding engines would show here
             record["rss_after_block_mb"] = list(self.rss_after_block_mb)
-            record["heap_trimmed_mb"] = list(self.heap_trimmed_mb)  # engines/heap.py
+            record["heap_trimmed_mb"] = list(self.heap_trimmed_mb)  # engines/common/heap.py
         return record
 
     def _todo(self, lane: Lane) -> list[Point]:

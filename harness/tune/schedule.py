@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engines.vllm_setup import SCHEDULE
+from engines.common.vllm_args import SCHEDULE
 from harness.analysis.comparisons.stats import Comparison
 from harness.tune.search import LoadResult
 

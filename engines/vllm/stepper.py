@@ -21,7 +21,7 @@ that gave up (a cancelled ``start()`` or call) is skipped: its future is claimed
 is ended, not leaked. The thread ends when its last engine has ended and nothing is queued; the
 next engine to start starts a new one (so engines alive at the same time always share one
 thread). OpenMP's thread count is per OS thread: on CPU, unless the user set OMP_NUM_THREADS,
-each build sets this thread's to 1, a failed one too (engines/vllm_setup.py: one_thread_stepping).
+each build sets this thread's to 1, a failed one too (engines/vllm/setup.py: one_thread_stepping).
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from engines.vllm_messages import Command, Stop
+from engines.vllm.messages import Command, Stop
 
 
 class Lane(Protocol):
-    """What the thread asks of an engine (engines/vllm.py); every method runs on the thread."""
+    """What the thread asks of an engine (engines/vllm/engine.py); every method runs on the thread."""
 
     def open(self) -> None:
         """Build the engine; an exception fails its start."""

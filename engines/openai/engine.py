@@ -1,7 +1,7 @@
 """An existing OpenAI-compatible server (vLLM, SGLang, TGI, transformers serve, ...): aiohttp, SSE.
 
 Requests are spread round-robin over ``base_urls``. Which model to request and whether the server is
-vLLM: :mod:`engines.openai_server`. vLLM servers get ``ignore_eos`` and, with option ``token_ids``
+vLLM: :mod:`engines.openai.server_info`. vLLM servers get ``ignore_eos`` and, with option ``token_ids``
 (default), per-chunk token ids (``return_token_ids``: exact counts of multi-token events, outputs to
 compare); no more: an extra field is work the server does for the client (``min_tokens`` ran vLLM's
 min-tokens logits processor every step; ``ignore_eos`` alone reaches ``max_tokens``). Without ids a
@@ -9,8 +9,8 @@ vLLM event counts one token, as in vllm bench. Other servers get plain OpenAI re
 serve answers 422 to unknown fields). The total is the server's usage, else the token ids, else a
 local tokenizer's count of the text (only one the user named: ``--tokenizer``, or ``--model`` given
 explicitly), else one token per text event; each record says which, how its stream ended and where
-its first-token time came from (:mod:`engines.sse`). Speculative counters and load gauges come from
-``/metrics`` (:mod:`engines.prom`). No torch, transformers or vllm import: an HTTP run stays light.
+its first-token time came from (:mod:`engines.openai.sse`). Speculative counters and load gauges come from
+``/metrics`` (:mod:`engines.openai.prom`). No torch, transformers or vllm import: an HTTP run stays light.
 """
 
 from __future__ import annotations
@@ -18,14 +18,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
 
 import aiohttp
 
-from engines import prom
 from engines.base import (
     SPEC_METHODS,
     Capabilities,
@@ -33,14 +31,12 @@ from engines.base import (
     Clock,
     Engine,
     EngineConfig,
-    EngineError,
     GenParams,
     SpecCounters,
     new_tokens,
 )
-from engines.http_flags import OpenAIFlags
-from engines.local_model import counting_tokenizer
-from engines.openai_options import (
+from engines.openai.flags import OpenAIFlags
+from engines.openai.options import (
     ENDPOINTS,
     OPTIONS,
     ignore_eos_unsent,
@@ -49,26 +45,21 @@ from engines.openai_options import (
     split_base_url,
     validate_options,
 )
-from engines.openai_server import (
-    START_TIMEOUT,
-    get_models,
+from engines.openai.server_info import (
     get_version,
-    is_vllm,
     one_line,
-    pick_model,
 )
-from engines.sse import DONE, RequestFailed, StreamEnd, parse_event, sse_events
+from engines.openai.server_side import ServerSide
+from engines.openai.sse import DONE, RequestFailed, StreamEnd, parse_event, sse_events
 from workloads.base import Request
 
 READ_BUFSIZE = 1 << 24  # 16 MiB; lines are split by hand anyway, so no line-length limit
 KEEPALIVE_S = 4.0  # below uvicorn's 5 s, so a pooled connection is never one the server closed
 
-log = logging.getLogger(__name__)
 
-
-class OpenAIEngine(OpenAIFlags, Engine):
+class OpenAIEngine(ServerSide, OpenAIFlags, Engine):
     """Streams from one or more replicas of an OpenAI-compatible server (its flags:
-    :class:`engines.http_flags.OpenAIFlags`)."""
+    :class:`engines.openai.flags.OpenAIFlags`)."""
 
     name: ClassVar[str] = "openai"
     spec_methods: ClassVar[tuple[str, ...]] = SPEC_METHODS  # whatever the server runs
@@ -128,68 +119,6 @@ class OpenAIEngine(OpenAIFlags, Engine):
         if self.token_ids is None:  # a speculating server sends several tokens per event
             self.token_ids, self._ids_how = await self._decide_token_ids()
         self._load_counting_tokenizer()
-
-    async def _detect_vllm(self) -> bool:
-        """:func:`engines.openai_server.is_vllm`; /metrics is read only when the model cards
-        do not already say vLLM."""
-        metrics = False
-        if self.server_version is not None and not self._owned_by_vllm:
-            scrapes = await self._scrape_all()
-            metrics = scrapes is not None and prom.combine(scrapes).vllm
-        return is_vllm(self.server_version, self._owned_by_vllm, metrics)
-
-    async def _decide_token_ids(self) -> tuple[bool, str]:
-        """--token-ids auto with nothing compared: ask for ids only where a vLLM server's
-        /metrics shows spec-decode counters (several tokens per event)."""
-        if not self.vllm_extras:
-            return False, "--token-ids auto: not a vLLM server (no ids to ask for)"
-        if await self.refresh_metrics() is None:
-            return False, "--token-ids auto: no spec-decode counters on the server's /metrics"
-        return True, "--token-ids auto: the server's /metrics shows spec-decode counters"
-
-    def _load_counting_tokenizer(self) -> None:
-        """The tokenizer that counts output when a server sends neither usage nor ids: one the
-        user named (``--tokenizer``, or ``--model`` given explicitly: option
-        ``count_with_model``), never a guess; else each text event counts one token."""
-        by_model = self.config.options.get("count_with_model")
-        name = self.config.tokenizer or (self.config.model if by_model else None)
-        self._tokenizer = counting_tokenizer(name)
-        self._tokenizer_path = name if self._tokenizer is not None else None
-
-    async def _pick_model(self) -> None:
-        """The model to request. ``/v1/models`` is a convenience: with ``served_model`` set, a
-        listing that fails, is empty or lacks the name is a warning (transformers serve answers
-        500 when its cache directory is missing; hosted APIs hide aliases)."""
-        served: list[str] | None = None
-        for url in self.base_urls:
-            try:
-                listed, vllm = await get_models(self._session, url)
-            except EngineError as e:
-                if self.served_model is None:
-                    raise EngineError(
-                        f"{e}; pass --served-model NAME to skip the listing"
-                    ) from None
-                self._warn(f"{e}; requesting {self.served_model!r} by name")
-                continue
-            served = listed if served is None else served
-            self._owned_by_vllm = self._owned_by_vllm or vllm
-        if self.served_model is None:
-            assert served is not None
-            self.served_model, self._model_how = pick_model(
-                self.config.model, served, self.base_urls[0]
-            )
-            if self.served_model != self.config.model:
-                log.warning("openai: requesting %r, %s", self.served_model, self._model_how)
-        elif served is not None and self.served_model not in served:
-            listed = ", ".join(served[:5]) or "nothing"
-            self._warn(
-                f"openai: {self.base_urls[0]}/models does not list {self.served_model!r} "
-                f"(lists: {listed}); requesting it anyway"
-            )
-
-    def _warn(self, msg: str) -> None:
-        self.warnings.append(msg)
-        log.warning("warning: %s", msg)
 
     def client_config(self) -> EngineConfig:
         """This started engine as an ``openai`` config for a client in another process
@@ -292,7 +221,7 @@ class OpenAIEngine(OpenAIFlags, Engine):
             info["output_tokens_from"] = "tokenizer (the server sent no usage)"
         else:
             info["output_tokens_from"] = "text events (no usage, no tokenizer)"
-        info["first_token_from"], late = end.first_token(not first, url)  # see engines.sse
+        info["first_token_from"], late = end.first_token(not first, url)  # see engines.openai.sse
         if late is not None:  # no event carried text: the only token was a special one
             yield late
         elif first:  # no token-carrying chunk: the replica goes with the last one
@@ -304,73 +233,8 @@ class OpenAIEngine(OpenAIFlags, Engine):
             await self._session.close()
             self._session = None
 
-    def spec_counters(self) -> SpecCounters | None:
-        """The snapshot the last :meth:`refresh_metrics` took (None before, or when unknown)."""
-        return self._spec
-
     def max_batch(self) -> int | None:
         return None
-
-    # ---- metrics ---------------------------------------------------------------------------
-    async def refresh_metrics(self) -> SpecCounters | None:
-        """Scrape every replica's /metrics, cache the summed spec counters and return them.
-
-        The cache becomes None when a replica has no spec counters while another has, or when a
-        scrape fails: a partial sum would make a wrong delta.
-        """
-        scrapes = await self._scrape_all()
-        total = prom.combine(scrapes or [])  # and vLLM's prefix-cache tokens, where every has them
-        self._prefix = total.prefix if scrapes and all(s.prefix for s in scrapes) else None
-        self._spec = (
-            None if scrapes is None or len({s.spec is None for s in scrapes}) > 1 else total.spec
-        )
-        return self._spec
-
-    def prefix_cache_counters(self) -> dict[str, int] | None:
-        return getattr(self, "_prefix", None)  # the last refresh_metrics' (queries, hits)
-
-    async def sample_load(self) -> dict[str, Any]:
-        """Load gauges summed over replicas: ``num_requests_running``/``_waiting`` (None = unknown)."""
-        scrapes = await self._scrape_all()
-        total = prom.combine(scrapes or [])
-        return {
-            "num_requests_running": total.running if scrapes else None,
-            "num_requests_waiting": total.waiting if scrapes else None,
-        }
-
-    async def reset_prefix_cache(self) -> str:
-        """Empty each replica's prefix cache before a measured run: vLLM's
-        ``POST /reset_prefix_cache`` (served when the server runs with VLLM_SERVER_DEV_MODE=1).
-        A server without it is left alone and the run records that its cache was not reset."""
-        assert self._session is not None, "reset_prefix_cache() before start()"
-        timeout = aiohttp.ClientTimeout(total=START_TIMEOUT)
-        for url in self.base_urls:
-            root = split_base_url(url)[0]
-            try:
-                async with self._session.post(root + "/reset_prefix_cache", timeout=timeout) as r:
-                    body = await r.json(content_type=None) if r.status == 200 else {}
-                    if r.status in (404, 405):
-                        return "not reset: server has no /reset_prefix_cache"
-                    if r.status != 200 or not (body or {}).get("success", True):
-                        return f"not reset: /reset_prefix_cache answered {r.status} {body}"
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-                return f"not reset: {type(exc).__name__}"
-        return "reset"
-
-    async def _scrape_all(self) -> list[prom.Scrape] | None:
-        assert self._session is not None, "refresh_metrics() before start()"
-        timeout = aiohttp.ClientTimeout(total=START_TIMEOUT)
-        try:
-            return list(
-                await asyncio.gather(
-                    *(
-                        prom.scrape(self._session, split_base_url(u)[0], timeout)
-                        for u in self.base_urls
-                    )
-                )
-            )
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-            return None
 
     # ---- helpers ---------------------------------------------------------------------------
     def _headers(self) -> dict[str, str]:

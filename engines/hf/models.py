@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.base import EngineError
-from engines.hf_spec import patch_candidate_generator
+from engines.hf.spec import patch_candidate_generator
 
 # the engine_args the HF engine takes: from_pretrained's loading settings (and "dtype": this
 # engine's own dtype when a run wants two); anything else is refused before loading

@@ -1,7 +1,7 @@
 """``transformers serve`` (Hugging Face's OpenAI-compatible server), started and stopped by the
 harness and driven over HTTP like any server: a second real server beside ``vllm serve``.
 
-Process handling is :class:`engines.vllm_server.VLLMServerEngine`'s (own process group on
+Process handling is :class:`engines.servers.vllm_serve.VLLMServerEngine`'s (own process group on
 127.0.0.1 and a free port, a log file, ``/health``, SIGTERM then SIGKILL); only the command line
 and the environment differ. Without continuous batching the server generates one request at a
 time on one thread; ``transformers-server-cb`` passes ``--continuous-batching`` (paged attention,
@@ -16,8 +16,8 @@ import os
 from typing import Any, ClassVar
 
 from engines.base import Capabilities, EngineConfig, EngineError
-from engines.http_flags import ManagedServerFlags
-from engines.vllm_server import VLLMServerEngine, to_flags
+from engines.openai.flags import ManagedServerFlags
+from engines.servers.vllm_serve import VLLMServerEngine, to_flags
 
 RESERVED = ("host", "port", "force_model", "model")
 CB_CPU_CACHE_BYTES = 1 << 30  # else the paged cache takes 90% of RAM (its own size: not vLLM's)

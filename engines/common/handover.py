@@ -1,7 +1,7 @@
 """A request's stamped step outputs on their way from an engine's stepping thread to its stream.
 
 An in-process engine makes one token for each of many requests per step, on a thread other than
-the event loop's (vLLM's: the process's one stepping thread, engines/vllm_stepper.py). One
+the event loop's (vLLM's: the process's one stepping thread, engines/vllm/stepper.py). One
 Python object and one event-loop wake-up per token cost microseconds of interpreter time per
 token (bench/RESULTS.md, section 5): at GPU rates (20,000+ tokens/s) a large share of a core,
 taking the GIL from the engine's own loop. So the engine hands a step over as one object (its

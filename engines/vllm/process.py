@@ -1,7 +1,7 @@
 """Where an in-process vLLM engine's core runs.
 
 On CPU: in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): no busy engine process competes
-with the harness for 2 cores, and several lanes coexist through engines/vllm_setup.py's
+with the harness for 2 cores, and several lanes coexist through engines/vllm/setup.py's
 ``keep_dist_state`` (each shutdown spares the others' distributed state). On CUDA that would
 rest on behaviour vLLM does not support (several ``LLM`` objects sharing one process's parallel
 state, CUDA-graph pools and memory profiler: vllm#9198, vllm#1676, vllm#14376), so there each

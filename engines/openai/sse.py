@@ -133,7 +133,7 @@ def answer_event(obj: Any, chat: bool) -> bool:
     """Whether a decoded event carries choice 0 of the answer (a chat role-only delta aside),
     text or not: the event ``vllm bench serve`` takes as the first token on completions even
     when its text is empty (a special token). A stream whose only token had no text then still
-    has a first-token time (engines.openai, ``info.first_token_from``)."""
+    has a first-token time (engines.openai.engine, ``info.first_token_from``)."""
     if not isinstance(obj, dict):
         return False
     for choice in obj.get("choices") or ():

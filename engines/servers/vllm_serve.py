@@ -2,28 +2,22 @@
 
 The server runs as a child process in its own process group on 127.0.0.1 and a free port; its
 log goes to ``options.log_path`` (else a temp file). Everything after start-up is delegated to an
-inner :class:`engines.openai.OpenAIEngine`. No vllm/torch import here: the server imports them."""
+inner :class:`engines.openai.engine.OpenAIEngine`. No vllm/torch import here: the server imports them."""
 
 from __future__ import annotations
 
 import asyncio
-import atexit
-import contextlib
 import importlib.metadata as md
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 import aiohttp
 
-from engines import prom
 from engines.base import (
     SPEC_METHODS,
     Capabilities,
@@ -35,15 +29,17 @@ from engines.base import (
     GenParams,
     SpecCounters,
 )
-from engines.http_flags import VLLMServerFlags
-from engines.openai import OpenAIEngine
-from engines.vllm_setup import (
+from engines.common.vllm_args import (
     CPU_DTYPE,
     check_draft_name,
     check_schedule,
     cpu_defaults,
     per_request_spec_metrics,
 )
+from engines.openai import prom
+from engines.openai.engine import OpenAIEngine
+from engines.openai.flags import VLLMServerFlags
+from engines.servers.process import ServerProcess, free_port, tail
 from workloads.base import Request
 
 # options of this engine; the rest of OPENAI_PASSTHROUGH reach the inner OpenAIEngine
@@ -89,47 +85,7 @@ def to_flags(args: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether a live (non-zombie) process remains in the group ``pgid`` (Linux /proc)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    for stat_file in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat_file.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                return True
-    return not Path("/proc/self").exists()  # no /proc: trust killpg
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def tail(path: str | Path, n: int = 20) -> str:
-    try:
-        lines = Path(path).read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join(lines[-n:])
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when the harness dies, even by SIGKILL (Linux)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-class VLLMServerEngine(VLLMServerFlags, Engine):
+class VLLMServerEngine(ServerProcess, VLLMServerFlags, Engine):
     """Starts ``vllm serve`` for ``config.model`` and streams from it over HTTP."""
 
     name: ClassVar[str] = "vllm-server"
@@ -195,20 +151,7 @@ class VLLMServerEngine(VLLMServerFlags, Engine):
         env = self._env()
         if self.log_path is None:
             self.log_path = self._temp_log()
-        Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            log.write(("$ " + " ".join(self.argv) + "\n").encode())
-            log.flush()
-            self.proc = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,  # own process group: close() kills the whole tree
-                preexec_fn=_die_with_parent,
-            )
-        atexit.register(self._kill_now)
+        self._spawn(self.argv, env)
         try:
             await asyncio.wait_for(self._wait_healthy(), self.start_timeout)
             self.inner = OpenAIEngine(self._inner_config(self.config, self.base_url))
@@ -253,19 +196,7 @@ class VLLMServerEngine(VLLMServerFlags, Engine):
         if self.inner is not None:
             await self.inner.close()
             self.inner = None
-        proc = self.proc
-        if proc is None:
-            return
-        pgid = proc.pid
-        if proc.poll() is None:
-            self._signal(signal.SIGTERM)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.to_thread(proc.wait), self.kill_grace)
-        self._kill_now()
-        for _ in range(100):  # up to 5 s for the rest of the group (engine core, trackers)
-            if not _group_alive(pgid):
-                break
-            await asyncio.sleep(0.05)
+        await self._stop_process()
 
     def client_config(self) -> EngineConfig:
         """The running server as an ``openai`` config for clients in other processes."""
@@ -315,7 +246,7 @@ class VLLMServerEngine(VLLMServerFlags, Engine):
 
     def _defaults(self) -> dict[str, Any]:
         """Settings chosen for the user (recorded): on CPU, the in-process engine's
-        (``vllm_setup.cpu_defaults``), so that server and in-process run one configuration."""
+        (``engines.common.vllm_args.cpu_defaults``), so that server and in-process run one configuration."""
         if not self.cpu:
             return {}
         out = cpu_defaults(self.config.model, self.config.engine_args)
@@ -350,11 +281,6 @@ class VLLMServerEngine(VLLMServerFlags, Engine):
         serve = [python, "-m", "vllm.entrypoints.cli.main", "serve", cfg.model]
         return serve + ["--host", "127.0.0.1", "--port", str(self.port), *to_flags(args)]
 
-    def _temp_log(self) -> str:
-        fd, path = tempfile.mkstemp(prefix=f"{self.name}-", suffix=".log")
-        os.close(fd)
-        return path
-
     async def _kv_block_size(self) -> int | None:
         """The server's KV block (``vllm:cache_config_info``): a trace replay's cache hits
         round to it (harness.analysis.workload.replay); None when /metrics does not say."""
@@ -365,36 +291,3 @@ class VLLMServerEngine(VLLMServerFlags, Engine):
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             return None
         return scrape.kv_block_size
-
-    async def _wait_healthy(self) -> None:
-        url = f"http://127.0.0.1:{self.port}/health"
-        timeout = aiohttp.ClientTimeout(total=5)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            while True:
-                assert self.proc is not None
-                code = self.proc.poll()
-                if code is not None:
-                    raise EngineError(
-                        f"{self.name}: the server exited with code {code} (log: {self.log_path}):"
-                        f"\n{tail(self.log_path)}"
-                    )
-                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                    async with session.get(url) as resp:
-                        if resp.status == 200:
-                            return
-                await asyncio.sleep(0.5)
-
-    def _signal(self, sig: int) -> None:
-        assert self.proc is not None
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, sig)
-
-    def _kill_now(self) -> None:
-        """SIGKILL the group and reap the server (also the atexit hook)."""
-        if self.proc is None:
-            return
-        self._signal(signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=5)
-        atexit.unregister(self._kill_now)
-        self.proc = None

@@ -1,13 +1,13 @@
 """In-process vLLM engine: one ``LLMEngine`` driven request by request, streamed per id.
 
 Design: on CPU the engine core runs in this process, on CUDA each engine's in its own process
-(``VLLM_ENABLE_V1_MULTIPROCESSING``: engines/vllm_process.py). The process's one stepping thread
-(engines/vllm_stepper.py: shared, so no lane owns a thread's CPU placement) builds the engine,
+(``VLLM_ENABLE_V1_MULTIPROCESSING``: engines/vllm/process.py). The process's one stepping thread
+(engines/vllm/stepper.py: shared, so no lane owns a thread's CPU placement) builds the engine,
 adds and aborts requests, calls ``step()`` while requests are unfinished and stamps each step's
 outputs (DELTA) right after it returns, with the clock the runner passed to :meth:`stream`. The
 stamped steps reach the event loop at most every ``DELIVERY_S`` and at once when a request
 finishes; there each output is filed into its request's ``Pending`` and each stream takes what
-it has as one chunk (engines/handover.py): no per-token object or wake-up, no timestamp moved.
+it has as one chunk (engines/common/handover.py): no per-token object or wake-up, no timestamp moved.
 ``LLMEngine.add_request`` mutates the scheduler that ``step()`` walks, so :meth:`stream` only
 enqueues it for the thread. Spec counters: ``step()`` records its stats before it returns its
 outputs, so a request's last chunk arrives after the counters cover every step it used.
@@ -16,7 +16,6 @@ outputs, so a request's last chunk arrives after the counters cover every step i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import os
 import threading
@@ -36,34 +35,28 @@ from engines.base import (
     Request,
     SpecCounters,
 )
-from engines.handover import DELIVERY_S, Pending
-from engines.local_model import has_chat_template, prompt_ids
-from engines.vllm_messages import Abort, Add, Call, Command, Step, Stop
-from engines.vllm_metrics import StatsTap
-from engines.vllm_process import ENV, core_mode, engine_process_default
-from engines.vllm_setup import (
+from engines.common.handover import DELIVERY_S, Pending
+from engines.vllm.lane import SteppedLane
+from engines.vllm.messages import Abort, Add, Call, Step, Stop
+from engines.vllm.metrics import StatsTap
+from engines.vllm.process import ENV, core_mode, engine_process_default
+from engines.vllm.setup import (
     VLLMFlags,
-    build_llm,
-    free_dist_state,
-    keep_dist_state,
-    one_thread_stepping,
-    release_memory,
     sampling_params,
     torch_threads_kept,
     validate_config,
 )
-from engines.vllm_stepper import STEPPER, Open
-from engines.vllm_threads import StepThreads
+from engines.vllm.stepper import STEPPER, Open
+from engines.vllm.threads import StepThreads
 
-# Before vLLM is imported: where the engine core runs (engines/vllm_process.py); vLLM's log goes
+# Before vLLM is imported: where the engine core runs (engines/vllm/process.py); vLLM's log goes
 os.environ.setdefault(ENV, engine_process_default())  # to stderr (stdout: the summary)
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 SHARED = "one stepping thread shared by this process's in-process vLLM engines"
-_ALIVE: set[int] = set()  # ids of this process's engines that hold vLLM's process-wide state
 
 
-class VLLMEngine(VLLMFlags, Engine):
+class VLLMEngine(SteppedLane, VLLMFlags, Engine):
     """vLLM ``LLM`` in this process, driven request by request (see module docstring)."""
 
     name: ClassVar[str] = "vllm"
@@ -134,120 +127,7 @@ class VLLMEngine(VLLMFlags, Engine):
             **self._facts,
         }
 
-    # ---- on the stepping thread (engines/vllm_stepper.py's Lane) -----------------------------
-    def open(self) -> None:
-        """Build the engine (on the process's stepping thread)."""
-        try:
-            self._llm = self._load()
-            _ALIVE.add(id(self))
-            self._tapped = self._tap.install(getattr(self._llm.llm_engine, "logger_manager", None))
-            self._has_template = has_chat_template(self._llm.get_tokenizer())
-        except BaseException:
-            if self._llm is not None:
-                with contextlib.suppress(BaseException):
-                    self._shutdown()
-            self._llm = None
-            _ALIVE.discard(id(self))
-            if not _ALIVE:  # other live engines still need vLLM's distributed state
-                free_dist_state()
-            raise
-        self._thread = threading.current_thread()
-        self.stepper_native_id = threading.get_native_id()
-        self._threads = StepThreads.for_engine(self._defaults)
-
-    def _load(self) -> Any:
-        """Build vLLM's ``LLM`` on the stepping thread. bench/stepsim.py overrides this with a
-        step simulator of the same shape (``llm_engine.step()`` & co.)."""
-        try:
-            llm, self._kwargs, self._defaults, self._facts = build_llm(self.config)
-        except BaseException:  # a partial build may have set this thread's OpenMP count, and
-            with contextlib.suppress(Exception):  # the other engines step on it too
-                one_thread_stepping({})
-            raise
-        return llm
-
-    def busy(self) -> bool:
-        return bool(self._llm.llm_engine.has_unfinished_requests())
-
-    def step(self) -> None:
-        """One ``step()``: stamp its outputs, hand them over when a request ended or
-        ``DELIVERY_S`` has passed since the last hand-over."""
-        try:
-            outs = self._llm.llm_engine.step()
-        finally:  # a failing step too: the other engines step on this thread next
-            if self._threads is not None:
-                self._threads.keep()
-        if not outs:
-            return
-        clock = self._clock
-        t = clock() if clock is not None else None  # the step's outputs exist now
-        self._steps.append(Step(outs, t))
-        ended = [o.request_id for o in outs if o.finished]
-        if ended:
-            self._live.difference_update(ended)
-        if ended or t is None or self._sent_at is None or t - self._sent_at >= DELIVERY_S:
-            self._sent_at = t
-            self._flush()
-
-    def idle(self) -> None:
-        self._flush()  # only leftovers of aborted requests can wait here
-
-    def end(self, cause: BaseException | None, stop: Future[None] | None) -> None:
-        """Fail the open streams, shut the engine down; report to ``stop`` (close())."""
-        if cause is None:
-            error = EngineError("vllm: engine closed")
-        else:  # a failed step (or command) leaves the engine unusable
-            error = EngineError(f"vllm: engine failed: {type(cause).__name__}: {cause}")
-        self._dead, failed = error, None
-        self._fail_all(error)
-        try:
-            self._shutdown()
-        except BaseException as e:  # noqa: BLE001 - reported to close()
-            failed = e
-        self._thread = self.stepper_native_id = None  # shut down: no longer stepped
-        if stop is not None and stop.set_running_or_notify_cancel():  # else close() gave up
-            stop.set_exception(failed) if failed else stop.set_result(None)
-
-    def late(self, cmd: Command) -> None:
-        """A command sent after the engine ended (a failed step, or close())."""
-        error = self._dead or EngineError("vllm: engine closed")
-        if isinstance(cmd, Add):
-            self._post(self._fail, error, cmd.rid)
-        elif isinstance(cmd, (Call, Stop)) and cmd.done.set_running_or_notify_cancel():
-            cmd.done.set_exception(error) if isinstance(cmd, Call) else cmd.done.set_result(None)
-
-    def handle(self, cmd: Command) -> None:
-        if isinstance(cmd, Add):
-            try:
-                self.add_request(cmd.rid, cmd.request, cmd.sampling)
-                self._live.add(cmd.rid)
-            except Exception as e:  # noqa: BLE001 - this request fails, the engine goes on
-                self._post(self._fail, e, cmd.rid)
-        elif isinstance(cmd, Abort):
-            if cmd.rid in self._live:
-                self._live.discard(cmd.rid)
-                self._llm.llm_engine.abort_request([cmd.rid])
-        elif isinstance(cmd, Call) and cmd.done.set_running_or_notify_cancel():  # else cancelled
-            try:
-                result = cmd.fn(self._llm)
-            except BaseException as e:  # noqa: BLE001 - reported to the caller
-                cmd.done.set_exception(e)
-                return
-            cmd.done.set_result(result)
-
-    def _post(self, fn: Callable[..., None], *args: Any) -> None:
-        """Run ``fn(*args)`` on the event loop (nothing if it is gone: nobody listens)."""
-        if self._loop is not None:
-            with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(fn, *args)
-
-    def _flush(self) -> None:
-        """Hand the steps not yet handed over to the event loop: one wake-up for all."""
-        if self._steps:
-            steps, self._steps = self._steps, []
-            self._post(self._deliver, steps)
-
-    # ---- on the event loop ------------------------------------------------------------------
+    # ---- on the event loop (the stepping thread's side: engines/vllm/lane.py) ---------------
     def _deliver(self, steps: list[Step]) -> None:
         """File ``steps``; if that fails, fail the streams they were for (else they would wait
         forever) and abort their requests."""
@@ -302,39 +182,6 @@ class VLLMEngine(VLLMFlags, Engine):
         """Fail request ``rid``'s stream, or every open stream."""
         for p in self._streams.values() if rid is None else filter(None, [self._streams.get(rid)]):
             p.fail(exc)
-
-    def prompt_input(self, request: Request) -> dict[str, Any]:
-        """What vLLM is given as the prompt: token ids (engines/local_model.py's rule, the HF
-        engine's too) and the request's cache salt."""
-        ids, _ = prompt_ids(self._llm.get_tokenizer(), request)
-        prompt: dict[str, Any] = {"prompt_token_ids": ids}
-        if request.cache_salt:
-            prompt["cache_salt"] = request.cache_salt
-        return prompt
-
-    def add_request(self, rid: str, request: Request, sampling: Any) -> None:
-        """Add a request to the engine: on the stepping thread only (see module docstring)."""
-        prompt = self.prompt_input(request)
-        preprocess = getattr(self._llm, "_preprocess_cmpl_one", None)
-        self._llm.llm_engine.add_request(
-            rid, preprocess(prompt) if preprocess else prompt, sampling
-        )
-
-    def _fail_all(self, exc: BaseException) -> None:
-        self._flush()  # the tokens made before the failure reach their records first
-        self._post(self._fail, exc)
-        self._live.clear()
-
-    def _shutdown(self) -> None:
-        llm, self._llm = self._llm, None
-        _ALIVE.discard(id(self))
-        try:
-            # tears down vLLM's distributed state too, unless other engines still live
-            with keep_dist_state() if _ALIVE else contextlib.nullcontext():
-                llm.llm_engine.engine_core.shutdown()
-        finally:
-            del llm
-            release_memory()
 
     def _usable(self) -> None:
         if self._dead is not None or self._thread is None:

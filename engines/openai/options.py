@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from engines.base import EngineError
-from engines.sse import RequestFailed
+from engines.openai.sse import RequestFailed
 from workloads.base import Request
 
 # option -> accepted types (None = may be left unset)

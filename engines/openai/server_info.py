@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 
 from engines.base import EngineError
-from engines.openai_options import split_base_url
+from engines.openai.options import split_base_url
 
 START_TIMEOUT = 30.0
 SHOWN = 5  # listed ids named in a message

@@ -1,7 +1,7 @@
 """vLLM's speculative-decoding counters -> SpecCounters, from either side of vLLM's metrics.
 
 * :func:`spec_counters_from_snapshot` reads ``LLM.get_metrics()`` (in-process engine);
-* a server's ``/metrics`` text is read by :func:`engines.prom.parse_metrics`.
+* a server's ``/metrics`` text is read by :func:`engines.openai.prom.parse_metrics`.
 
 Both sum over label sets (engine index, model name) and return None when the engine exposes
 no speculative-decoding counters at all (a baseline). Importing this module does not import vLLM.

@@ -1,19 +1,18 @@
 """In-process HF transformers engine: ``model.generate`` streamed, with assisted generation
 (``draft_model``) and prompt lookup (``ngram``) as the speculative methods.
 
-``generate`` runs on the process's one generation thread (engines/hf_thread.py: a new thread's
+``generate`` runs on the process's one generation thread (engines/hf/thread.py: a new thread's
 first forwards on CUDA ran 5-10x slower); its streamer stamps each step's ids with the clock the
 runner passed to ``stream`` (when the ids are on the host) and hands them to the event loop at
 most every ``DELIVERY_S``: one cross-thread wake-up per token cost 10-15% of a tiny model's
 decode speed on 2 cores (bench/RESULTS.md, section 1). Each hand-over becomes one chunk per
-request with a stamp per step (``Chunk.times``), not a chunk per token (engines/hf_stream.py).
+request with a stamp per step (``Chunk.times``), not a chunk per token (engines/hf/stream.py).
 ``step_costs`` is a separate micro-measurement, called outside runs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
 import gc
 import threading
@@ -33,16 +32,17 @@ from engines.base import (
     UnsupportedError,
     new_tokens,
 )
-from engines.hf_models import FROM_PRETRAINED, Held, check_args, dtype_name, load, release
-from engines.hf_spec import SPEC_METHODS, AcceptanceCounter, len_hint, spec_settings
-from engines.hf_stream import END, ERROR, Steps, request_chunk, streamer_class
-from engines.hf_thread import generation_thread
-from engines.local_model import missing_path, prompt_ids
+from engines.common.local_model import missing_path, prompt_ids
+from engines.hf.generate import Generation
+from engines.hf.models import FROM_PRETRAINED, Held, check_args, dtype_name, load, release
+from engines.hf.spec import SPEC_METHODS, AcceptanceCounter, len_hint, spec_settings
+from engines.hf.stream import request_chunk
+from engines.hf.thread import generation_thread
 
 _DTYPES = ("float32", "float16", "bfloat16")
 
 
-class HFEngine(Engine):
+class HFEngine(Generation, Engine):
     """HF transformers ``generate``; static batches for the baseline, batch 1 when speculative."""
 
     name: ClassVar[str] = "hf"
@@ -181,113 +181,6 @@ class HFEngine(Engine):
         return None if self.config.spec_config is None else 1
 
     # ---- generation --------------------------------------------------------------------------
-    def _eos_ids(self) -> set[int]:
-        ids = self.model.generation_config.eos_token_id
-        ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
-        if self.tokenizer.eos_token_id is not None:
-            ids.append(self.tokenizer.eos_token_id)
-        return set(ids)
-
-    def _gen_config(self, params: GenParams, max_new: int) -> Any:
-        gc_ = copy.deepcopy(self.model.generation_config)
-        pad = self.tokenizer.pad_token_id
-        if pad is None:
-            pad = next(iter(sorted(self._eos_ids())), 0)
-        kw: dict[str, Any] = {
-            "max_new_tokens": max_new,
-            "pad_token_id": pad,
-            "min_new_tokens": None,
-        }
-        if params.temperature > 0:
-            kw.update(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0)
-        else:
-            kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        if params.ignore_eos:
-            # An empty EOS list (None would be refilled from the model's defaults): EOS can
-            # still be generated and generation continues, as vLLM's ignore_eos does.
-            kw["eos_token_id"] = []
-        kw.update(self._spec)
-        gc_.update(**kw)
-        return gc_
-
-    def _run(
-        self,
-        inputs: dict[str, Any],
-        params: GenParams,
-        max_new: int,
-        streamer: Any,
-        stop: threading.Event,
-    ) -> None:
-        import torch
-        from transformers import StoppingCriteria, StoppingCriteriaList
-
-        class _Stop(StoppingCriteria):
-            def __call__(self, input_ids: Any, scores: Any, **kw: Any) -> Any:
-                return torch.full((input_ids.shape[0],), stop.is_set(), device=input_ids.device)
-
-        try:
-            if stop.is_set():  # the consumer left while this call waited for the thread
-                return
-            with self._lock, torch.inference_mode():  # as cheap as generate can be made
-                if self._held is not None:  # the shared model counts into this engine
-                    self._held.current = self
-                extra: dict[str, Any] = {}
-                if self.draft is not None:
-                    # the heuristic schedule and the confidence threshold live on (and are
-                    # mutated in) the assistant's own generation_config: re-set them each call
-                    for k in (
-                        "num_assistant_tokens",
-                        "num_assistant_tokens_schedule",
-                        "assistant_confidence_threshold",
-                    ):
-                        setattr(self.draft.generation_config, k, self._spec[k])
-                    extra["assistant_model"] = self.draft
-                if params.temperature > 0:
-                    torch.manual_seed(params.seed)
-                self.model.generate(
-                    **{k: v.to(self.device) for k, v in inputs.items()},
-                    generation_config=self._gen_config(params, max_new),
-                    streamer=streamer,
-                    stopping_criteria=StoppingCriteriaList([_Stop()]),
-                    **extra,
-                )
-        except BaseException as e:  # forwarded to the generator, re-raised there
-            streamer.push(ERROR, e)
-        finally:
-            streamer.push(END)
-
-    async def _generate(
-        self, rows: list[list[int]], params: GenParams, max_new: int, clock: Clock | None
-    ) -> AsyncIterator[Steps]:
-        """Left-padded ``generate`` on the generation thread; yields each hand-over of stamped steps
-        (one step at a time when unstamped)."""
-        import torch
-
-        if self.model is None:
-            raise EngineError("hf engine: not started")
-        width = max(len(r) for r in rows)
-        pad = self.tokenizer.pad_token_id
-        pad = pad if pad is not None else 0
-        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long)
-        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
-        streamer = streamer_class()(loop, queue, clock)
-        stop = threading.Event()
-        inputs = {"input_ids": ids, "attention_mask": mask}
-        job = generation_thread().submit(self._run, inputs, params, max_new, streamer, stop)
-        try:
-            while True:
-                kind, value = await queue.get()
-                if kind == END:
-                    return
-                if kind == ERROR:
-                    raise value
-                yield value
-        finally:
-            stop.set()
-            await asyncio.wrap_future(job)
-
     async def stream(
         self, request: Request, params: GenParams, clock: Clock | None = None
     ) -> AsyncIterator[Chunk]:

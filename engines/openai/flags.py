@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from engines.base import EngineConfig, EngineError
-from engines.openai_options import split_base_url
+from engines.openai.options import split_base_url
 
 # The neutral run-level settings (``None`` when a flag was not given):
 #   base_url: [URL, ...] (normalised to .../v1), variant_urls: {label: [URL, ...]} | None,

@@ -35,7 +35,7 @@ class StepThreads:
     @classmethod
     def for_engine(cls, defaults: Mapping[str, Any]) -> StepThreads:
         """Called on the stepping thread once the engine is built (``defaults``: what
-        engines/vllm_setup.py chose, ``stepping_torch_threads`` among them)."""
+        engines/vllm/setup.py chose, ``stepping_torch_threads`` among them)."""
         import torch
 
         get, set_ = torch._C.get_num_threads, torch._C.set_num_threads  # noqa: SLF001 - torch._C: the original set/get_num_threads (vLLM's CPU worker no-ops torch's)

@@ -11,7 +11,7 @@ import contextlib
 from typing import Any
 
 from engines.base import Chunk, Clock
-from engines.handover import DELIVERY_S
+from engines.common.handover import DELIVERY_S
 
 END, TOKENS, ERROR = "end", "tokens", "error"
 Steps = list[tuple[list[int], "float | None"]]  # a hand-over: each step's ids and its stamp

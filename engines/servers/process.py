@@ -1,0 +1,142 @@
+"""A server the harness starts as a child process: its own process group (closed as a whole,
+and SIGTERMed if the harness dies), a free port on 127.0.0.1, its log, the wait until it is
+healthy, and the stop (SIGTERM, a grace, SIGKILL, the group reaped)."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+import aiohttp
+
+from engines.base import EngineError
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a live (non-zombie) process remains in the group ``pgid`` (Linux /proc)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return not Path("/proc/self").exists()  # no /proc: trust killpg
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tail(path: str | Path, n: int = 20) -> str:
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
+
+
+def die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the harness dies, even by SIGKILL (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class ServerProcess:
+    """The child process of :class:`engines.servers.vllm_serve.VLLMServerEngine` (and the
+    servers built on it), which holds these fields."""
+
+    name: str
+    port: int
+    proc: subprocess.Popen[bytes] | None
+    log_path: str | None
+    kill_grace: float
+
+    def _spawn(self, argv: list[str], env: dict[str, str]) -> None:
+        """Start ``argv`` in its own process group, its output appended to ``log_path``."""
+        assert self.log_path is not None
+        Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(("$ " + " ".join(argv) + "\n").encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # own process group: close() kills the whole tree
+                preexec_fn=die_with_parent,
+            )
+        atexit.register(self._kill_now)
+
+    async def _stop_process(self) -> None:
+        """SIGTERM the server's group, SIGKILL it after the grace, wait for the rest of it."""
+        proc = self.proc
+        if proc is None:
+            return
+        pgid = proc.pid
+        if proc.poll() is None:
+            self._signal(signal.SIGTERM)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.to_thread(proc.wait), self.kill_grace)
+        self._kill_now()
+        for _ in range(100):  # up to 5 s for the rest of the group (engine core, trackers)
+            if not group_alive(pgid):
+                break
+            await asyncio.sleep(0.05)
+
+    def _temp_log(self) -> str:
+        fd, path = tempfile.mkstemp(prefix=f"{self.name}-", suffix=".log")
+        os.close(fd)
+        return path
+
+    async def _wait_healthy(self) -> None:
+        url = f"http://127.0.0.1:{self.port}/health"
+        timeout = aiohttp.ClientTimeout(total=5)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
+                assert self.proc is not None
+                code = self.proc.poll()
+                if code is not None:
+                    raise EngineError(
+                        f"{self.name}: the server exited with code {code} (log: {self.log_path}):"
+                        f"\n{tail(self.log_path)}"
+                    )
+                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                    async with session.get(url) as resp:
+                        if resp.status == 200:
+                            return
+                await asyncio.sleep(0.5)
+
+    def _signal(self, sig: int) -> None:
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)
+
+    def _kill_now(self) -> None:
+        """SIGKILL the group and reap the server (also the atexit hook)."""
+        if self.proc is None:
+            return
+        self._signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        atexit.unregister(self._kill_now)
+        self.proc = None
