@@ -125,7 +125,9 @@ def test_two_workers_match_one(tmp_path, capsys, load) -> None:
         sends.append({k: v - min(t.values()) for k, v in t.items()})
     if load[0] == "--request-rate":  # open loop: each request keeps its seeded Poisson offset
         gaps = [abs(sends[0][k] - sends[1][k]) for k in sends[0]]
-        assert statistics.median(gaps) < 0.02, gaps
+        # within one mean gap of the schedule (50 ms at 20 req/s): another schedule is off by
+        # hundreds of ms; late sends on a loaded machine by tens (20 ms was a bet on the load)
+        assert statistics.median(gaps) < 0.05, gaps
         for run in (r1, r2):  # ... and its scheduled arrival, on the records' clock
             assert all(r["send_s"] - r["scheduled_s"] >= -1e-6 for r in run["records"])
     else:  # closed loop at 4: the first wave is the same 4 requests (2 + 2 slots)

@@ -163,7 +163,9 @@ def test_chunk_timing_follows_injected_delays() -> None:
         assert len(times) == 6
         ttft, gaps = times[0] - t_send, [b - a for a, b in zip(times, times[1:])]
         assert ttft >= first - 0.005 and min(gaps) >= gap - 0.005  # never early
-        assert abs(statistics.median(gaps) - gap) < 0.02, gaps  # 20 ms: lenient, noisy machine
+        # late by the machine's scheduling only: within one gap more (a machine 3x slower than
+        # a loaded 2-core one adds tens of ms, not 100); 20 ms was a bet on the load
+        assert statistics.median(gaps) < 2 * gap, gaps
 
     _run(Behaviour(tokens=6, delay=gap, first_delay=first), body)
 
@@ -183,7 +185,7 @@ def test_chunks_are_stamped_when_read_given_a_clock() -> None:
         assert len(stamps) == 4 and None not in stamps
         assert t_send < stamps[0] and all(t <= arrived for t, arrived in seen)
         gaps = [b - a for a, b in zip(stamps, stamps[1:])]
-        assert min(gaps) >= gap - 0.005 and abs(statistics.median(gaps) - gap) < 0.02, gaps
+        assert min(gaps) >= gap - 0.005 and statistics.median(gaps) < 2 * gap, gaps  # as above
         plain = [c.t for c in await _collect(engine) if c.size]
         assert plain == [None] * 4  # no clock: the runner times arrival
 

@@ -87,3 +87,19 @@ def test_bad_ramp_and_slo_flags_are_one_line(argv: list[str], said: str, capsys)
     err = capsys.readouterr().err
     assert code == 2
     assert said in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("given, repeats", [([], 3), (["--repeats", "5"], 5)])
+def test_slo_runs_a_fixed_number_of_repeats_under_the_sequential_default(given, repeats) -> None:
+    """A comparison defaults to the sequential design, whose --repeats is None: --slo's CI is
+    over repeats, so it runs a fixed n (3 unless --repeats), said in the dry-run plan."""
+    from harness.cli.plan_view import repeats_line
+    from harness.flags.parser import build_parser
+    from harness.flags.plan import build_plan, model_names
+
+    args = build_parser().parse_args(
+        ["--engine", "vllm", "--spec", "ngram", "--model", "tiny", "--slo", "ttft:2000", *given]
+    )
+    plan = build_plan(args, *model_names(args))
+    assert (plan.stopping, plan.repeats, plan.max_repeats) == ("fixed", repeats, repeats)
+    assert repeats_line(plan).startswith(f"{repeats} (fixed: --slo's")

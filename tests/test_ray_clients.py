@@ -82,20 +82,23 @@ def test_two_ray_nodes_match_one_local_worker(tmp_path, ray_cluster, monkeypatch
     assert per[1]["uncertainty_s"] < 1e-3 or abs(per[1]["offset_s"] - planted) < 1e-3
     senders = {r["info"]["client_worker"] for r in r2["records"]}
     assert senders == {0, 1}
+    # Ray ~ local: within half the planted offset, which an uncorrected (or twice corrected)
+    # stamp would miss by; not within 30 ms, which a loaded machine passes (TTFT 0.047 s local,
+    # 0.101 s over Ray at load 8-10 on 2 cores: the truth is 0.04)
     for key, truth in (("ttft_s", FIRST_S), ("tpot_s", ITL_S), ("e2e_s", FIRST_S + 5 * ITL_S)):
         a, b = r1["summary"][key]["median"], r2["summary"][key]["median"]
-        assert truth <= a and truth <= b and abs(a - b) < 0.03, (key, a, b)  # Ray ~ local
+        assert truth <= a and truth <= b and abs(a - b) < planted / 2, (key, a, b)
     # corrected: worker 1's stamps are on the runner's time line, not 0.25 s ahead of it
     sends = {r["info"]["client_worker"]: [] for r in r2["records"]}
     for r in r2["records"]:
         sends[r["info"]["client_worker"]].append(r["send_s"])
-    assert abs(min(sends[1]) - min(sends[0])) < 0.02, sends
+    assert abs(min(sends[1]) - min(sends[0])) < planted / 2, sends
 
 
 @inside_only
 def test_a_killed_actor_loses_only_its_in_flight_request(ray_cluster) -> None:
     """2 actors, 1 request in flight each (16 requests of ~0.35 s on the fake server); worker 1
-    killed 1.2 s in: the run finishes; worker 1's finished requests are kept, its one in-flight
+    killed with a request in flight after its first finished: the run finishes; worker 1's finished requests are kept, its one in-flight
     request is a failed record naming the death, what it had not sent is not a record; worker
     0 loses nothing. The next run deals every request to the survivor."""
     import asyncio
@@ -121,7 +124,15 @@ def test_a_killed_actor_loses_only_its_in_flight_request(ray_cluster) -> None:
             return [Request(id=f"{tag}{j}", prompt="x", max_new_tokens=TOKENS) for j in range(n)]
 
         async def kill_soon() -> None:
-            await asyncio.sleep(1.2)
+            # once worker 1 has finished a request and both slots are in flight at the server
+            # (a request is ~0.35 s there): not a fixed time, which a loaded machine can pass
+            # before the first request ends, or hit between two requests
+            while not (
+                any(r.info["client_worker"] == 1 for r in seen)
+                and len([q for q in slow.requests if q.path.endswith("completions")])
+                >= len(seen) + 2
+            ):
+                await asyncio.sleep(0.01)
             ray.kill(pool.handles[1].actor)
 
         killer = asyncio.ensure_future(kill_soon())

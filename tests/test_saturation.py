@@ -143,7 +143,9 @@ def queue_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(engines_base.REGISTRY, "scripted", "tests.test_saturation:QueueEngine")
 
 
-@pytest.mark.parametrize("rate, saturated", [(800.0, True), (50.0, False)])
+# not saturated: a tenth of the 200 req/s it serves (at 50, a quarter, a machine at load 12 whose
+# late timers slowed the service raised a false alarm in a shuffled fast-suite run)
+@pytest.mark.parametrize("rate, saturated", [(800.0, True), (20.0, False)])
 def test_session_stops_a_saturated_point_and_marks_it(queue_engine: None, rate: float,
                                                       saturated: bool) -> None:  # fmt: skip
     from harness.run.session import Session

@@ -64,10 +64,24 @@ def wait_for(what, proc: subprocess.Popen, timeout: float = 120) -> None:
         time.sleep(0.05)
 
 
+def until_said(proc: subprocess.Popen, text: str) -> str:
+    """stderr read line by line until a line holds ``text`` (pytest-timeout bounds the wait);
+    what was read, for ``check_stopped``."""
+    assert proc.stderr is not None
+    read = ""
+    while text not in read:
+        line = proc.stderr.readline()
+        assert line, f"the run ended without saying {text!r}: {read[-3000:]}"
+        read += line
+    return read
+
+
 def check_stopped(
-    proc: subprocess.Popen, out: Path, name: str, code: int, grace: float = 0.5
+    proc: subprocess.Popen, out: Path, name: str, code: int, grace: float = 0.5, before: str = ""
 ) -> None:
+    """``before``: what was read of stderr already (``until_said``)."""
     _, err = proc.communicate(timeout=120)  # the grace of the second-signal case is far longer
+    err = before + err
     assert proc.returncode == code, err[-3000:]
     assert "Traceback" not in err and "unhandled exception" not in err, err[-3000:]
     assert f"interrupted by {name}; partial results in" in err
@@ -112,9 +126,11 @@ def test_a_second_signal_cancels_at_once(tmp_path):
         proc, out = start(tmp_path, url, 3600)
         wait_for(lambda: len(server.requests) > SLOW, proc)
         proc.send_signal(signal.SIGTERM)
-        time.sleep(0.5)  # (the handler takes signals in order: the second one ends the grace)
+        # the second only once the first was handled: two sent before the process ran would
+        # be one pending signal (a fixed 0.5 s apart was a bet on the machine's load)
+        said = until_said(proc, "SIGTERM: stopping")
         proc.send_signal(signal.SIGTERM)
-        check_stopped(proc, out, "SIGTERM", 143, grace=3600)
+        check_stopped(proc, out, "SIGTERM", 143, grace=3600, before=said)
 
 
 @pytest.mark.slow

@@ -66,3 +66,37 @@ def test_tune_engines_share_a_modelled_gpu_or_stop_in_one_line(tmp_path, monkeyp
     assert "\n" not in str(three.value)
     fits = [EngineConfig("vllm", str(tmp_path), engine_args={"max_model_len": 32768})]
     assert tune_fraction(plan, fits, alive=3) is not None
+
+
+def test_the_tune_budget_starts_with_the_tune_not_the_process(tmp_path, monkeypatch) -> None:
+    """A tune called in a process that started an hour ago (a notebook kernel, a long test run)
+    gets its whole budget: the clock starts in the tune command (the old rule read psutil's
+    create_time and found 60 min spent of 15). The budget is stopped where it is made, before
+    any engine starts."""
+    import time
+
+    import psutil
+    import pytest
+
+    from harness.cli import tune_command
+    from harness.tune.budget import TimeBudget
+
+    monkeypatch.setattr(psutil.Process, "create_time", lambda self: time.time() - 3600)
+    made: list[TimeBudget] = []
+
+    class Stop(Exception):
+        pass
+
+    class Caught(TimeBudget):
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            made.append(self)
+            raise Stop
+
+    monkeypatch.setattr(tune_command, "TimeBudget", Caught)
+    with pytest.raises(Stop):
+        tune_command.main(["--model", "tiny", "--workload", "tiny", "--engine", "vllm",
+                           "--spec", "ngram", "--output-dir", str(tmp_path / "tune")])  # fmt: skip
+    (budget,) = made
+    assert 0 <= budget.elapsed < 5 * 60, budget.elapsed  # the tune's front, even 3x slower
+    assert budget.left_s() > budget.limit_s - 5 * 60

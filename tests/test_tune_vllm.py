@@ -43,9 +43,17 @@ def test_emitted_schedule_runs_in_vllm_through_spec_config_file(tmp_path, tiny_p
     assert tput["summary"]["peak_in_flight"] >= 2
 
 
-def test_tune_end_to_end_writes_config_table_and_verification(tmp_path, tiny_pair, capsys):
+def test_tune_end_to_end_writes_config_table_and_verification(
+    tmp_path, tiny_pair, capsys, monkeypatch
+):
+    """In a process that started an hour ago (as psutil tells it): the tune keeps its own
+    15-minute budget from its start, whatever ran in this process before it."""
+    import time
+
+    import psutil
     from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
 
+    monkeypatch.setattr(psutil.Process, "create_time", lambda self: time.time() - 3600)
     out = tmp_path / "tune"
     proc = run_harness(
         ["tune", "--model", "tiny", "--workload", "tiny",
@@ -68,7 +76,11 @@ def test_tune_end_to_end_writes_config_table_and_verification(tmp_path, tiny_pai
         assert cfg["method"] == "ngram" and cfg["prompt_lookup_max"] == 3
         validate_and_normalize_dynamic_sd_schedule(cfg["num_speculative_tokens_per_batch_size"])
     first_plan = tune["plan"][0]  # what the budget covers comes first
-    assert first_plan.startswith("plan: the budget is 15.0 min of wall time for the whole tune")
+    assert first_plan.startswith(
+        "plan: the budget is 15.0 min of wall time for the whole tune, from the tune's start"
+    )
+    gave = ("the race stops", "left out:", "over the budget", "over its budget")
+    assert not [x for x in tune["plan"][1:] if any(g in x for g in gave)], tune["plan"]
     assert "loads [1, 4]" in first_plan and tune["engines_started"] >= 2
     assert any(line.startswith("plan: verification: 3 rounds") for line in tune["plan"])
     assert tune["budget"]["wall_s_before_files"] <= 15 * 60 - tune["budget"]["margin_s"]

@@ -116,6 +116,7 @@ def render(view: Preview, plan: RunPlan) -> str:
         f"  design: {view.design}; engines built per block: {view.builds_per_block} "
         f"({sum(view.builds_per_block)} in all)"
     )
+    lines.append(f"  repeats: {repeats_line(plan)}")
     lines.append("  lanes:")
     for lane in view.lanes:
         if not lane["built"]:
@@ -154,6 +155,21 @@ def render(view: Preview, plan: RunPlan) -> str:
         lines.append(f"  memory: peak {gib(mem.peak_bytes)} of {usable} usable: {verdict}")
     lines += [f"  {line}" for line in [*download_lines(view), *not_run_lines(view)]]
     return "\n".join(lines)
+
+
+def repeats_line(plan: RunPlan) -> str:
+    """How many blocks each point runs, and what decides it."""
+    if plan.stopping == "sequential":
+        budget = f", a {plan.budget_s / 60:g}-min budget" if plan.budget_s else ""
+        return (
+            f"sequential: from {plan.repeats} blocks up to {plan.max_repeats}{budget}; a point "
+            "stops once its verdicts are settled"
+        )
+    if plan.slo:
+        return f"{plan.repeats} (fixed: --slo's capacities and their CIs are over repeats)"
+    if plan.target_ci:
+        return f"from {plan.repeats} up to {plan.max_repeats}, until the CI is within {plan.target_ci:g}"
+    return f"{plan.repeats} (fixed)"
 
 
 def tune_fraction(plan: RunPlan, configs: Sequence[EngineConfig], alive: int) -> float | None:

@@ -28,7 +28,7 @@ from harness.flags.options import UsageError, positive_int
 from harness.flags.parser import build_parser
 from harness.run.lanes import close_lanes
 from harness.run.plan import PlanError, Point, RunPlan
-from harness.tune.budget import FILES_MARGIN_S, TimeBudget, process_start, worst_case
+from harness.tune.budget import FILES_MARGIN_S, TimeBudget, worst_case
 from harness.tune.report import markdown, to_json
 from harness.tune.schedule import RULE, describe
 from harness.tune.search import BASELINE, Arm, LoadResult, Sample, Settings, tune
@@ -115,7 +115,7 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     t.add_argument(
         "--budget-min", type=float, default=15.0,
-        help="the whole tune's wall time in minutes, from the process's start (engine starts, "
+        help="the whole tune's wall time in minutes, from the tune's start (engine starts, "
         f"search, verification; its last {FILES_MARGIN_S:.0f} s kept for closing engines and "
         "writing files): a race stops undecided, or the sweep stops, where the next round would "
         "leave too little for the verification and the later loads (from the times measured "
@@ -126,6 +126,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str]) -> int:
+    started = time.monotonic()  # the budget's start: this tune's, not the process's (budget.py)
     from harness.cli.pipeline import prepare
     from harness.cli.preflight import check_models, engine_methods
     from harness.cli.tune_variants import tuned_methods
@@ -159,7 +160,7 @@ def main(argv: Sequence[str]) -> int:
     except (UsageError, PlanError, EngineError, WorkloadError) as exc:
         raise UsageError(str(exc)) from None
     settings = Settings(tolerance=args.min_effect, max_rounds=args.max_rounds, seed=args.seed)
-    return asyncio.run(_run(args, plan, workload, out, {m: ks for m in methods}, settings))
+    return asyncio.run(_run(args, plan, workload, out, {m: ks for m in methods}, settings, started))
 
 
 def _spec_config(plan: RunPlan, method: str, k: int) -> dict[str, Any] | None:
@@ -267,7 +268,9 @@ def _sample(run: Run) -> Sample | None:
     )
 
 
-async def _run(args, plan: RunPlan, workload, out: Path, methods, settings: Settings) -> int:
+async def _run(
+    args, plan: RunPlan, workload, out: Path, methods, settings: Settings, started: float
+) -> int:
     from harness.cli.finalize import finalize
     from harness.cli.plan_view import tune_fraction
 
@@ -287,7 +290,7 @@ async def _run(args, plan: RunPlan, workload, out: Path, methods, settings: Sett
 
     budget = TimeBudget(
         args.budget_min * 60, settings, args.verify_rounds,
-        lambda load: max(MIN_REQUESTS, PER_LOAD * load), t0=process_start(), say=say,
+        lambda load: max(MIN_REQUESTS, PER_LOAD * load), t0=started, say=say,
     )  # fmt: skip
     plan_lines.append(worst.line(loads, methods, budget.budget_s, args.verify_rounds))
     bench = Bench(plan, requests, out, args.quiet, worst.engines, budget)
@@ -336,7 +339,7 @@ async def _run(args, plan: RunPlan, workload, out: Path, methods, settings: Sett
         await bench.close()
     if config is not None:
         (out / "speculative_config.json").write_text(json.dumps(config, indent=1) + "\n")
-    elapsed = budget.elapsed  # the process's wall time so far: what the budget counts
+    elapsed = budget.elapsed  # the tune's wall time so far: what the budget counts
     md = markdown(results, config, schedule, verification, note, elapsed, out, chosen)
     (out / "tune.md").write_text(md)
     (out / "tune.json").write_text(
@@ -348,7 +351,7 @@ async def _run(args, plan: RunPlan, workload, out: Path, methods, settings: Sett
                 "plan": plan_lines,
                 "budget": {
                     "budget_s": budget.budget_s,
-                    "covers": "the process's wall time from its start: imports, engine starts, "
+                    "covers": "the tune's wall time from the tune command's start: engine starts, "
                     "search, verification, closing engines, files",
                     "margin_s": budget.margin_s,
                     "wall_s_before_files": budget.elapsed,

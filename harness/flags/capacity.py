@@ -9,6 +9,10 @@ from typing import Any
 from harness.core.ramp import RAMP_STRATEGIES
 from harness.flags.options import UsageError, goodput, positive_float, positive_int
 
+# --slo's repeats without --repeats: a fixed design (the capacity search probes rates, and each
+# capacity's CI and the paired ratio's are over repeats), at the fewest that give a CI.
+SLO_REPEATS = 3
+
 
 def add_group(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("ramp-up, saturation, capacity under an SLO")
@@ -65,8 +69,11 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             raise UsageError("--slo searches the rate itself: drop --request-rate/--ramp-up-*")
         if not 0 < args.slo_quantile < 1:
             raise UsageError("--slo-quantile: expected a fraction in (0, 1), e.g. 0.9")
-        if args.repeats < 3:
-            raise UsageError("--slo: needs --repeats >= 3 (the CI is over repeats)")
+        if args.repeats is not None and args.repeats < SLO_REPEATS:
+            raise UsageError(
+                f"--slo: needs --repeats >= {SLO_REPEATS} (the CI is over repeats; default "
+                f"{SLO_REPEATS})"
+            )
     return {
         "ramp_up_strategy": strategy,
         "ramp_up_start_rps": start,

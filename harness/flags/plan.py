@@ -183,13 +183,15 @@ def build_plan(
 def _stopping(args: argparse.Namespace, compares: bool) -> dict[str, Any]:
     """repeats, max_repeats, stopping and budget_s of the plan: the sequential design where the
     run compares and neither --repeats nor --target-ci fixes n (nor --sequential, whose
-    comparisons get no interval to decide with); else the fixed n (--target-ci: from --repeats
-    up to --max-repeats, default 20)."""
+    comparisons get no interval to decide with, nor --slo, a search over rates whose capacities
+    have their CI over repeats: ``capacity.SLO_REPEATS``); else the fixed n (--target-ci: from
+    --repeats up to --max-repeats, default 20)."""
     from harness.analysis.comparisons.sequential import DEFAULT_CAP, Rule
 
     if args.budget is not None and args.budget < 0:
         raise UsageError("--budget: expected minutes >= 0 (0: no budget)")
-    if args.repeats is None and args.target_ci is None and compares and not args.sequential:
+    sequential = compares and not (args.sequential or args.slo)  # --slo: its CI is over repeats
+    if args.repeats is None and args.target_ci is None and sequential:
         cap = args.max_repeats or DEFAULT_CAP
         first = Rule().first
         if cap < first:
@@ -200,7 +202,7 @@ def _stopping(args: argparse.Namespace, compares: bool) -> dict[str, Any]:
     if args.budget is not None:
         raise UsageError("--budget is for the sequential design (a run that compares, without "
                          "--repeats, --target-ci or --sequential)")  # fmt: skip
-    repeats = args.repeats or DEFAULT_REPEATS
+    repeats = args.repeats or (capacity.SLO_REPEATS if args.slo else DEFAULT_REPEATS)
     cap = max(args.max_repeats or 20, repeats) if args.target_ci else repeats
     return {"repeats": repeats, "max_repeats": cap, "stopping": "fixed", "budget_s": None}
 

@@ -26,7 +26,7 @@ def add(r: argparse._ArgumentGroup) -> None:
         default=None,
         help="fixed design: N blocks (repeats) of every point. Default: a run that compares "
         "(--spec, --aa, several engines) stops each point when its verdicts are settled (the "
-        f"sequential design, README Statistics); else {DEFAULT_REPEATS}",
+        f"sequential design, README Statistics); --slo: 3; else {DEFAULT_REPEATS}",
     )
     r.add_argument(
         "--budget",

@@ -8,9 +8,11 @@ every run, and before each load and each race round checks that what it is about
 leaves the reserve: the verification of every load tuned or still to tune (per load, the
 measured runs of the baseline and of the slowest arm that raced, for the schedule and the fixed
 K, times the verification rounds, plus the schedule's engine start) and the minimum of the
-later loads that still fit. The budget is the whole process's wall time from its start
-(imports, engine starts, search, verification), less ``FILES_MARGIN_S`` for closing engines
-and writing files. What gives, in order: rounds past a load's minimum (a CI), later loads (left
+later loads that still fit. The budget is the tune's wall time from the tune command's start
+(a clock taken once there: engine starts, search, verification), less ``FILES_MARGIN_S`` for
+closing engines and writing files; the interpreter's start-up before it (a few seconds) falls in
+that margin. Not the process's age: a tune called from a notebook or a test run that started
+long before would find its budget spent before it began. What gives, in order: rounds past a load's minimum (a CI), later loads (left
 out, the sweep stops), then the verification's rounds (down to 3, the fewest that give a CI);
 past that it says so.
 """
@@ -29,16 +31,6 @@ DEFAULT_RUN_S = 15.0  # one run at load 1 before anything was measured
 FILES_MARGIN_S = 30.0  # closing engines and writing files, with room (docs/measurements.md)
 
 
-def process_start(now: Callable[[], float] = time.monotonic) -> float:
-    """When this process started, on ``now``'s scale: its interpreter start and imports count."""
-    try:
-        import psutil
-
-        return now() - max(0.0, time.time() - psutil.Process().create_time())
-    except Exception:  # no psutil: from here on (the imports then fall in the margin)
-        return now()
-
-
 @dataclass(frozen=True)
 class WorstCase:
     engines: int
@@ -49,7 +41,7 @@ class WorstCase:
         ks = sorted({k for v in methods.values() for k in v})
         return (
             f"plan: the budget is {budget_s / 60:.1f} min of wall time for the whole tune, from "
-            f"the process's start (engine starts, search and verification; its last "
+            f"the tune's start (engine starts, search and verification; its last "
             f"{margin_s:.0f} s kept for closing engines and writing files), kept from times "
             f"measured as it runs: rounds stop undecided, loads are left out, then verification "
             f"rounds go down to {MIN_REPEATS}; loads {list(loads)} (fewer where the baseline "
@@ -78,7 +70,7 @@ def _mins(seconds: float) -> str:
 
 @dataclass
 class TimeBudget:
-    """Wall-clock budget from measured times (see the module docstring). ``t0``: the process's
+    """Wall-clock budget from measured times (see the module docstring). ``t0``: the tune's
     start on ``now``'s scale (None: when this is made); ``say``: where its decisions are said."""
 
     budget_s: float
