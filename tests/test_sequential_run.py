@@ -175,10 +175,12 @@ def test_a_point_whose_lanes_all_failed_stops_where_they_failed(instances: str, 
     points = {
         int(k.split("/")[2]): v for k, v in session.stopper.record(session.runs)["points"].items()
     }
-    assert points.get(16, {"blocks": 0, "stopped": "failed"}) == {"blocks": 0, "stopped": "failed"}
+    if engine is NeverStarts and instances == "one":  # no engine ever ran a block: no point
+        assert points == {}, points  # is recorded (nor counted on to the cap)
+    else:
+        assert points[16] == {"blocks": 0, "stopped": "failed"}, points
     if engine is FailsAt16:  # the other point runs to its own stop, untouched
         assert points[8]["stopped"] == "decided" and points[8]["blocks"] < 8, points
-        assert points[16] == {"blocks": 0, "stopped": "failed"}
     failed = [r for r in session.runs if r.cell.max_new_tokens == 16]
     assert failed and all(r.status.startswith("failed") for r in failed)
     assert len(failed) == 2  # one run (or one start) per lane: a failed lane is not retried

@@ -233,7 +233,7 @@ def keep_dist_state() -> Iterator[None]:
 
 def release_memory() -> None:
     """After an engine's shutdown: collect its garbage and, on a GPU, hand the freed blocks
-    back to the driver, so the next block's fresh engines (harness/run/session.py) find the memory
+    back to the driver, so the next block's fresh engines (harness/run/blocks.py) find the memory
     the profiler of ``gpu_memory_utilization`` expects."""
     gc.collect()
     try:

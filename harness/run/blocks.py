@@ -119,7 +119,9 @@ class BlockSchedule:
                     run = await self.run_cell(
                         lanes[k], todo[(k, i)], points[i], True, i, block, position
                     )
-                    if run.status != "ok":  # fresh instances: every run warms up
+                    # fresh instances: every run warms up; a saturated run is a finding, not
+                    # a failure (the point's later blocks still run, as with one instance)
+                    if run.status != "ok" and not run.status.startswith("saturated"):
                         halted.add((k, i))
         finally:
             try:
