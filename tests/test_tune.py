@@ -371,17 +371,19 @@ def test_time_budget_counts_measured_times_and_the_verification():
     assert b.run_s(BASELINE, 4) == 10.0  # 8 requests instead of 4, tokens/s x sqrt(4)
     assert b.start_load(1, [BASELINE, Arm("ngram", 4)], [4])  # measured: 1 + 4 fit
     arms = [BASELINE, Arm("ngram", 4)]
-    # the verification at load 1: 3 x (10 + 2 x 8) + the schedule's start (25)
-    assert b.verify_s([1]) == pytest.approx(78 + 25)
+    # the verification at load 1: 3 x (10 + 2 x 8) + the schedule's start (25), and a
+    # correction's reserve: a start (25) + 3 x (10 + 8) (harness/tune/correct.py)
+    assert b.correction_s([1]) == pytest.approx(25 + 54)
+    assert b.verify_s([1]) == pytest.approx(78 + 25 + 79)
     # load 4's minimum: pilot (10 + 8) + 2 x (10 + 8) + a new engine (25); its verification 78
     assert b.minimum_s(4) == pytest.approx(18 + 36 + 25) and b.verify_load_s(4) == 78
     assert b.later_fit([4], 0) == ([4], pytest.approx(79 + 78))
-    # a round past the minimum: 18 + verification (103) + load 4 (157) = 278 s
+    # a round past the minimum: 18 + verification (182) + load 4 (157) = 357 s
     assert b.next_round(1, arms, 0, [4])
-    now[0] = 600 - 278 + 1  # one second short: the round would eat into load 4's reserve
+    now[0] = 600 - 357 + 1  # one second short: the round would eat into load 4's reserve
     assert not b.next_round(1, arms, 0, [4]) and "the race stops" in b.lines[-1]
     assert b.next_round(1, arms, 0, [])  # without a later load it fits
-    now[0] = 600 - 2 * 18 - 103 + 1  # the load's own minimum (2 rounds) comes first, then nothing
+    now[0] = 600 - 2 * 18 - 182 + 1  # the load's own minimum (2 rounds) comes first, then nothing
     assert not b.next_round(1, arms, 2, [4])
     assert b.next_round(1, arms, 1, [4])
     assert "2 engines started" in b.line(1, arms, [4]) and "loads [4] do not fit" in b.line(
