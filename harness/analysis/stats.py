@@ -139,11 +139,16 @@ TOO_FEW = "n/a (n too small)"
 
 def t975(df: int) -> float:
     """The two-sided 95% Student t quantile (scipy.stats)."""
+    return t_quantile(0.975, df)
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The Student t quantile at ``p`` (scipy.stats): other levels than 95%, e.g. Bonferroni's."""
     if df < 1:
         raise ValueError("df must be >= 1")
     from scipy import stats
 
-    return float(stats.t.ppf(0.975, df))
+    return float(stats.t.ppf(p, df))
 
 
 @dataclass(frozen=True)

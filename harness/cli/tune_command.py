@@ -360,6 +360,9 @@ async def _run(args, plan: RunPlan, workload, out: Path, methods, settings: Sett
                 "schedule": describe(schedule) if schedule else None,
                 "search": to_json(results, chosen),
                 "verification": verification.to_json() if verification else None,
+                "corrections": [c.to_json() for c in verification.corrections]
+                if verification
+                else [],
                 "notes": note,
                 "elapsed_s": elapsed,
             },
