@@ -5,6 +5,7 @@ Every metric has one definition here; markdown, plots and compare all call these
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -142,6 +143,7 @@ def t975(df: int) -> float:
     return t_quantile(0.975, df)
 
 
+@functools.lru_cache(maxsize=1024)
 def t_quantile(p: float, df: int) -> float:
     """The Student t quantile at ``p`` (scipy.stats): other levels than 95%, e.g. Bonferroni's."""
     if df < 1:

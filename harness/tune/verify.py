@@ -15,7 +15,9 @@ from harness.tune.correct import (
     Correction,
     corrected_picks,
     corrections,
+    fixed_pays,
     problem,
+    searched_loads,
 )
 from harness.tune.schedule import (
     Pick,
@@ -42,6 +44,8 @@ class Verification:
     corrections: list[Correction] = field(default_factory=list)
     first: list[dict[str, Any]] = field(default_factory=list)
     why_not: str = ""  # why a corrected load was not verified again (the budget), if it was not
+    tolerance: float = 0.02  # --min-effect: the emit rule's, for a fixed K shown faster
+    searched: frozenset[int] = frozenset()  # loads where the fixed K passed the emit rule
 
     @property
     def what(self) -> str:
@@ -55,11 +59,11 @@ class Verification:
             if row.get("corrected"):
                 if sb.lo is None:
                     out.append(
-                        f"load {row['load']}: the corrected {self.what} was not verified again "
+                        f"load {row['load']}: {self.what}, corrected there, was not verified again "
                         f"({self.why_not or 'see stderr'})"
                     )
                 elif sb.verdict == "slower":
-                    out.append(f"load {row['load']}: the corrected {self.what} is slower than "
+                    out.append(f"load {row['load']}: {self.what}, corrected there, is slower than "
                                f"the baseline ({fmt_ratio(sb)})")  # fmt: skip
                 continue
             if row["schedule_vs_fixed"].lo is None or sb.lo is None:
@@ -69,7 +73,8 @@ class Verification:
                     "see stderr)"
                 )
                 continue
-            why = problem(row, self.what, self.fixed)
+            proven = fixed_pays(row, self.tolerance, len(self.first or self.rows), self.searched)
+            why = problem(row, self.what, self.fixed, proven)
             if why is not None:
                 out.append(f"load {row['load']}: {why.replace(' was ', ' is ', 1)}")
         return out
@@ -136,7 +141,7 @@ async def verify(loads: Sequence[int], arms: Sequence[Arm], measure: Measure, ro
                 "fixed_vs_baseline": race.vs(fixed, base),
             }
         )
-    return Verification(sched, fixed, rounds, rows)
+    return Verification(sched, fixed, rounds, rows, tolerance=s.tolerance)
 
 
 class VerifyBudget(Protocol):
@@ -206,6 +211,7 @@ async def answer(results: Sequence[LoadResult], methods: Sequence[str],
         new = int(sched.method is not None) + int(not warm(fixed))
         rounds = budget.verify_plan(loads, arms_at, new)
     out.verification = await verify(loads, [BASELINE, sched, fixed], measure, rounds, s)
+    out.verification.searched = searched_loads(results, fixed, s.tolerance)
     await _correct(out, method_cfgs, m, fixed, measure, s, verify_rounds, budget, register)
     return out
 
@@ -218,7 +224,7 @@ async def _correct(out: Answer, method_cfgs: Mapping[str, Mapping[str, Any]], m:
     corrected schedule against the baseline at those loads again, ``out`` updated to it."""
     v = out.verification
     assert v is not None
-    fixes = corrections(v.rows, out.schedule, v.what, fixed)
+    fixes = corrections(v.rows, out.schedule, v.what, fixed, s.tolerance, v.searched)
     if not fixes:
         return
     chosen = corrected_picks(out.picks, fixes, fixed)
@@ -251,4 +257,5 @@ async def _correct(out: Answer, method_cfgs: Mapping[str, Mapping[str, Any]], m:
     out.picks, out.config, out.schedule = chosen, config, schedule
     out.notes += [f"corrected by the verification: {c.line()}" for c in fixes]
     out.notes += [n for n in more if n not in out.notes]
-    out.verification = Verification(sched, fixed, v.rounds, rows, fixes, v.rows, why_not)
+    out.verification = Verification(sched, fixed, v.rounds, rows, fixes, v.rows, why_not,
+                                    s.tolerance, v.searched)  # fmt: skip
