@@ -63,6 +63,22 @@ def problem(row: Mapping[str, Any], what: str, fixed: Arm, proven: bool) -> str 
     return None
 
 
+def unconfirmed(row: Mapping[str, Any], what: str, k: int, tol: float) -> str | None:
+    """The confirmation on fresh prompts: where the schedule drafts (K > 0), the verification's
+    rounds must put it ahead of the baseline by more than ``tol`` (--min-effect) by their point
+    estimate (no CI of 3 rounds on a noisy machine could be asked to show it). A search whose
+    baseline runs were all slowed by another job on the machine made every arm look 1.3x faster
+    with a tight CI where it was 0.9x (tests/test_tune_emit.py): no level of the search's own CI
+    guards against that; fresh rounds do."""
+    sb = row["schedule_vs_baseline"]
+    if k > 0 and sb.estimate is not None and sb.estimate <= 1 + tol:
+        return (
+            f"{what} was not confirmed more than {tol:.0%} faster than the baseline on fresh "
+            f"prompts ({fmt_ratio(sb)})"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class Correction:
     """One load's range changed by the verification: from K to K, and what was found."""
@@ -87,10 +103,10 @@ def corrections(rows: Sequence[Mapping[str, Any]], schedule: Schedule, what: str
     out = []
     for row in rows:
         proven = fixed_pays(row, tol, len(rows), searched)
-        why = problem(row, what, fixed, proven)
+        here = k_at(schedule, row["load"])
+        why = problem(row, what, fixed, proven) or unconfirmed(row, what, here, tol)
         if why is None:
             continue
-        here = k_at(schedule, row["load"])
         to = fixed.k if proven else 0
         if to != here:
             out.append(Correction(row["load"], here, to, why))
