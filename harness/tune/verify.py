@@ -123,14 +123,17 @@ class Verification:
 
 
 async def verify(loads: Sequence[int], arms: Sequence[Arm], measure: Measure, rounds: int,
-                 s: Settings | None = None) -> Verification:  # fmt: skip
-    """``arms`` = (baseline, schedule, fixed K): ``rounds`` rotated rounds at every load."""
+                 s: Settings | None = None, first_round: int = 0) -> Verification:  # fmt: skip
+    """``arms`` = (baseline, schedule, fixed K): ``rounds`` rotated rounds at every load.
+    ``first_round``: where the round numbers (and so the prompts' slices) start: a second
+    verification runs on fresh prompts and its runs keep distinct cells."""
     s = s or Settings()
     base, sched, fixed = arms  # sched == base: speculation off everywhere, checked against fixed K
     arms = list(dict.fromkeys(arms))
     rows = []
     for load in loads:
         race = Race(load, measure, s)
+        race.rounds = first_round
         for _ in range(rounds):
             await race.run(list(arms))
         rows.append(
@@ -229,7 +232,7 @@ async def _correct(out: Answer, method_cfgs: Mapping[str, Mapping[str, Any]], m:
         return
     chosen = corrected_picks(out.picks, fixes, fixed)
     config, schedule, more = build_config(chosen, method_cfgs, m)
-    sched = Arm(m, config["num_speculative_tokens"], schedule) if config else BASELINE
+    sched = Arm(m, config["num_speculative_tokens"], schedule, "corrected") if config else BASELINE
     loads = [c.load for c in fixes]
     again: dict[int, Comparison] = {lo: IDENTICAL for lo in loads}  # off: the baseline itself
     why_not = ""
@@ -239,7 +242,7 @@ async def _correct(out: Answer, method_cfgs: Mapping[str, Mapping[str, Any]], m:
         if budget is not None:
             rounds = budget.correction_plan(loads, lambda lo: [BASELINE, sched], 1)
         if rounds >= MIN_REPEATS:
-            second = await verify(loads, [BASELINE, sched, sched], measure, rounds, s)
+            second = await verify(loads, [BASELINE, sched, sched], measure, rounds, s, v.rounds)
             again = {r["load"]: r["schedule_vs_baseline"] for r in second.rows}
         else:
             again = {lo: NOT_REMEASURED for lo in loads}
