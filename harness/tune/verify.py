@@ -93,8 +93,12 @@ class Verification:
             else f"beats fixed {self.fixed.label} at none of the loads tuned"
         )
         fixed = "".join(
-            f"; corrected at load {r['load']}: {r['corrected']}, verified again "
-            f"({fmt_ratio(r['schedule_vs_baseline'])} of the baseline)"
+            f"; corrected at load {r['load']}: {r['corrected']}, "
+            + (
+                "leaving speculation off everywhere (no file)"
+                if r["schedule_vs_baseline"] is IDENTICAL
+                else f"verified again ({fmt_ratio(r['schedule_vs_baseline'])} of the baseline)"
+            )
             for r in self.rows
             if r.get("corrected")
         )
@@ -222,9 +226,10 @@ async def answer(results: Sequence[LoadResult], methods: Sequence[str],
 async def _correct(out: Answer, method_cfgs: Mapping[str, Mapping[str, Any]], m: str, fixed: Arm,
                    measure: Measure, s: Settings, verify_rounds: int, budget: VerifyBudget | None,
                    register: Callable[[Arm, Mapping[str, Any] | None], None]) -> None:  # fmt: skip
-    """Where the verification failed at a load: that load's range set to the fixed K (where it
-    was significantly faster than the baseline there) or to K = 0 (harness/tune/correct.py), the
-    corrected schedule against the baseline at those loads again, ``out`` updated to it."""
+    """Where the verification failed at a load (or did not confirm it): that load's range set to
+    the fixed K where it was shown faster than the baseline there, else to K = 0
+    (harness/tune/correct.py), the corrected schedule against the baseline at those loads again
+    (nothing to run where it is off everywhere), ``out`` updated to it."""
     v = out.verification
     assert v is not None
     fixes = corrections(v.rows, out.schedule, v.what, fixed, s.tolerance, v.searched)
