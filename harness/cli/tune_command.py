@@ -363,6 +363,9 @@ async def _run(
                 "schedule": describe(schedule) if schedule else None,
                 "search": to_json(results, chosen),
                 "verification": verification.to_json() if verification else None,
+                "corrections": [c.to_json() for c in verification.corrections]
+                if verification
+                else [],
                 "notes": note,
                 "elapsed_s": elapsed,
             },

@@ -150,10 +150,19 @@ class TimeBudget:
         return r * (self.run_s(BASELINE, load) + 2 * self._spec_s(load))
 
     def verify_s(self, loads: Sequence[int], rounds: int | None = None) -> float:
-        """The verification at ``loads`` and the schedule's engine start (the fixed K's is warm)."""
+        """The verification at ``loads`` and the schedule's engine start (the fixed K's is warm),
+        and the reserve for one correction (``correction_s``)."""
         loads = sorted(set(loads))
         return sum(self.verify_load_s(lo, rounds) for lo in loads) + (
-            self.start_s() if loads else 0
+            self.start_s() + self.correction_s(loads) if loads else 0
+        )
+
+    def correction_s(self, loads: Sequence[int]) -> float:
+        """Where the verification fails at a load, the corrected schedule is verified there again
+        (harness/tune/correct.py): its engine start and the fewest rounds that give a CI of it
+        and the baseline, at the costliest of ``loads``."""
+        return self.start_s() + MIN_REPEATS * max(
+            (self.run_s(BASELINE, lo) + self._spec_s(lo) for lo in loads), default=0.0
         )
 
     def _starts_s(self, arms: Sequence[Arm]) -> float:
@@ -245,9 +254,10 @@ class TimeBudget:
         per_round = sum(self.run_s(a, lo) for lo in loads for a in dict.fromkeys(arms_at(lo)))
         starts = new_engines * self.start_s()
         least = min(MIN_REPEATS, self.verify_rounds)
+        fix = self.correction_s(loads)  # kept for a correction, where one is needed
         rounds = next(
             (r for r in range(self.verify_rounds, least - 1, -1)
-             if starts + r * per_round <= self.left_s()),
+             if starts + r * per_round + fix <= self.left_s()),
             least,
         )  # fmt: skip
         need = starts + rounds * per_round
@@ -263,6 +273,25 @@ class TimeBudget:
                 f"about {_mins(need - self.left_s())} over its budget"
             )
         self._said(line)
+        return rounds
+
+    def correction_plan(self, loads: Sequence[int], arms_at: Callable[[int], Sequence[Arm]],
+                        new_engines: int) -> int:  # fmt: skip
+        """The corrected schedule's rounds at ``loads``: ``verify_rounds``, fewer where they do
+        not fit, 0 where even the fewest that give a CI do not (then it is not verified: said)."""
+        per_round = sum(self.run_s(a, lo) for lo in loads for a in dict.fromkeys(arms_at(lo)))
+        starts = new_engines * self.start_s()
+        least = min(MIN_REPEATS, self.verify_rounds)
+        rounds = next(
+            (r for r in range(self.verify_rounds, least - 1, -1)
+             if starts + r * per_round <= self.left_s()),
+            0,
+        )  # fmt: skip
+        self._said(
+            f"plan: correction: {rounds} rounds at loads {list(loads)}, about "
+            f"{_mins(starts + rounds * per_round)}, {_mins(self.left_s())} left"
+            + ("" if rounds else f" (the fewest that give a CI, {least}, do not fit)")
+        )
         return rounds
 
     def _reserve(self, keep: Sequence[int]) -> str:

@@ -21,12 +21,15 @@ class Arm:
     method: str | None = None
     k: int = 0
     schedule: tuple[tuple[int, int, int], ...] | None = None
+    variant: str = ""  # a second schedule of the same tune (the corrected one): its own engine
 
     @property
     def label(self) -> str:
         if self.method is None:
             return "baseline"
-        return "schedule" if self.schedule else f"{self.method}(k={self.k})"
+        if self.schedule:
+            return "schedule" + (f"-{self.variant}" if self.variant else "")
+        return f"{self.method}(k={self.k})"
 
     @property
     def cost(self) -> tuple[int, int]:

@@ -71,11 +71,10 @@ def markdown(
             speed = "1 (reference)" if c.arm.method is None else fmt(c.vs_baseline)
             lead = fmt(c.vs_leader) if c.vs_leader is not None else "-"
             status = f"**{c.status}**" if c.status == "chosen" else c.status
-            if c.status == "chosen" and not r.decided and c.arm.method is not None:
-                status = (
-                    off.get(r.load)
-                    or "**chosen** (undecided; significantly faster than the baseline)"
-                )
+            if c.status == "chosen" and c.arm.method is not None and off.get(r.load):
+                status = ("undecided: " if not r.decided else "") + off[r.load]
+            elif c.status == "chosen" and not r.decided and c.arm.method is not None:
+                status = "**chosen** (undecided; significantly faster than the baseline)"
             lines.append(f"| {r.load} | {c.arm.label} | {pred} | {speed} | {lead} | {status} |")
     lines.append("")
     for r in results:
@@ -109,10 +108,19 @@ def markdown(
                 row["schedule_vs_baseline"],
                 row["fixed_vs_baseline"],
             )
+            load = f"{row['load']} (corrected)" if row.get("corrected") else row["load"]
             lines.append(
-                f"| {row['load']} | {fmt(sf)} | {sf.verdict} | {fmt(sb)} | {sb.verdict} | {fmt(fb)} |"
+                f"| {load} | {fmt(sf)} | {sf.verdict} | {fmt(sb)} | {sb.verdict} | {fmt(fb)} |"
             )
         lines.append("")
+        if verification.corrections:
+            lines += [
+                "Corrected by the verification (each such load verified again against the "
+                "baseline; its first rows are `first_rows` in tune.json):",
+                "",
+                *(f"- {c.line()}" for c in verification.corrections),
+                "",
+            ]
     return "\n".join(lines)
 
 

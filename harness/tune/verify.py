@@ -8,7 +8,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from harness.analysis.comparisons.stats import Comparison
+from harness.analysis.comparisons.stats import MIN_REPEATS, Comparison
+from harness.tune.correct import (
+    IDENTICAL,
+    NOT_REMEASURED,
+    Correction,
+    corrected_picks,
+    corrections,
+    fixed_pays,
+    problem,
+    searched_loads,
+)
 from harness.tune.schedule import (
     Pick,
     Schedule,
@@ -23,12 +33,19 @@ from harness.tune.search import BASELINE, Arm, LoadResult, Measure, Race, Settin
 
 @dataclass
 class Verification:
-    """The emitted schedule against the best fixed K and the baseline, interleaved per load."""
+    """The emitted schedule against the best fixed K and the baseline, interleaved per load;
+    where it was corrected (harness/tune/correct.py), those loads' rows are the corrected
+    schedule's second verification and ``first`` keeps the rows that found the problem."""
 
     schedule: Arm
     fixed: Arm
     rounds: int
     rows: list[dict[str, Any]]  # load, schedule_vs_fixed, schedule_vs_baseline, fixed_vs_baseline
+    corrections: list[Correction] = field(default_factory=list)
+    first: list[dict[str, Any]] = field(default_factory=list)
+    why_not: str = ""  # why a corrected load was not verified again (the budget), if it was not
+    tolerance: float = 0.02  # --min-effect: the emit rule's, for a fixed K shown faster
+    searched: frozenset[int] = frozenset()  # loads where the fixed K passed the emit rule
 
     @property
     def what(self) -> str:
@@ -38,20 +55,28 @@ class Verification:
     def failures(self) -> list[str]:
         out = []
         for row in self.rows:
-            if row["schedule_vs_fixed"].lo is None or row["schedule_vs_baseline"].lo is None:
-                n = min(row["schedule_vs_fixed"].n, row["schedule_vs_baseline"].n)
+            sb = row["schedule_vs_baseline"]
+            if row.get("corrected"):
+                if sb.lo is None:
+                    out.append(
+                        f"load {row['load']}: {self.what}, corrected there, was not verified again "
+                        f"({self.why_not or 'see stderr'})"
+                    )
+                elif sb.verdict == "slower":
+                    out.append(f"load {row['load']}: {self.what}, corrected there, is slower than "
+                               f"the baseline ({fmt_ratio(sb)})")  # fmt: skip
+                continue
+            if row["schedule_vs_fixed"].lo is None or sb.lo is None:
+                n = min(row["schedule_vs_fixed"].n, sb.n)
                 out.append(
                     f"load {row['load']}: {self.what} was not measured ({n} paired rounds; "
                     "see stderr)"
                 )
                 continue
-            for key, what in (("schedule_vs_fixed", f"fixed {self.fixed.label}"), ("schedule_vs_baseline",
-                              "the baseline")):  # fmt: skip
-                if row[key].verdict == "slower":
-                    out.append(
-                        f"load {row['load']}: {self.what} is slower than {what} "
-                        f"({fmt_ratio(row[key])})"
-                    )
+            proven = fixed_pays(row, self.tolerance, len(self.first or self.rows), self.searched)
+            why = problem(row, self.what, self.fixed, proven)
+            if why is not None:
+                out.append(f"load {row['load']}: {why.replace(' was ', ' is ', 1)}")
         return out
 
     @property
@@ -67,34 +92,52 @@ class Verification:
             if wins
             else f"beats fixed {self.fixed.label} at none of the loads tuned"
         )
+        fixed = "".join(
+            f"; corrected at load {r['load']}: {r['corrected']}, "
+            + (
+                "leaving speculation off everywhere (no file)"
+                if r["schedule_vs_baseline"] is IDENTICAL
+                else f"verified again ({fmt_ratio(r['schedule_vs_baseline'])} of the baseline)"
+            )
+            for r in self.rows
+            if r.get("corrected")
+        )
         return (
             f"tune: verified: {self.what} {gain} and is never significantly slower than it "
-            f"or the baseline ({self.rounds} interleaved rounds per load)"
+            f"or the baseline ({self.rounds} interleaved rounds per load){fixed}"
         )
 
     def to_json(self) -> dict[str, Any]:
+        def rows(rs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [
+                {k: (v.to_json() if isinstance(v, Comparison) else v) for k, v in row.items()}
+                for row in rs
+            ]
+
         return {
             "schedule": self.schedule.label,
             "fixed": self.fixed.label,
             "rounds": self.rounds,
             "passed": self.passed,
             "headline": self.headline(),
-            "rows": [
-                {k: (v.to_json() if isinstance(v, Comparison) else v) for k, v in row.items()}
-                for row in self.rows
-            ],
+            "rows": rows(self.rows),
+            "corrections": [c.to_json() for c in self.corrections],
+            "first_rows": rows(self.first) if self.corrections else None,
         }
 
 
 async def verify(loads: Sequence[int], arms: Sequence[Arm], measure: Measure, rounds: int,
-                 s: Settings | None = None) -> Verification:  # fmt: skip
-    """``arms`` = (baseline, schedule, fixed K): ``rounds`` rotated rounds at every load."""
+                 s: Settings | None = None, first_round: int = 0) -> Verification:  # fmt: skip
+    """``arms`` = (baseline, schedule, fixed K): ``rounds`` rotated rounds at every load.
+    ``first_round``: where the round numbers (and so the prompts' slices) start: a second
+    verification runs on fresh prompts and its runs keep distinct cells."""
     s = s or Settings()
     base, sched, fixed = arms  # sched == base: speculation off everywhere, checked against fixed K
     arms = list(dict.fromkeys(arms))
     rows = []
     for load in loads:
         race = Race(load, measure, s)
+        race.rounds = first_round
         for _ in range(rounds):
             await race.run(list(arms))
         rows.append(
@@ -105,12 +148,17 @@ async def verify(loads: Sequence[int], arms: Sequence[Arm], measure: Measure, ro
                 "fixed_vs_baseline": race.vs(fixed, base),
             }
         )
-    return Verification(sched, fixed, rounds, rows)
+    return Verification(sched, fixed, rounds, rows, tolerance=s.tolerance)
 
 
 class VerifyBudget(Protocol):
     def verify_plan(self, loads: Sequence[int], arms_at: Callable[[int], Sequence[Arm]],
                     new_engines: int) -> int: ...  # fmt: skip
+
+    def correction_plan(self, loads: Sequence[int], arms_at: Callable[[int], Sequence[Arm]],
+                        new_engines: int) -> int:  # fmt: skip
+        """The corrected schedule's rounds; 0 where even the fewest that give a CI do not fit."""
+        ...
 
 
 @dataclass
@@ -170,4 +218,52 @@ async def answer(results: Sequence[LoadResult], methods: Sequence[str],
         new = int(sched.method is not None) + int(not warm(fixed))
         rounds = budget.verify_plan(loads, arms_at, new)
     out.verification = await verify(loads, [BASELINE, sched, fixed], measure, rounds, s)
+    out.verification.searched = searched_loads(results, fixed, s.tolerance)
+    await _correct(out, method_cfgs, m, fixed, measure, s, verify_rounds, budget, register)
     return out
+
+
+async def _correct(out: Answer, method_cfgs: Mapping[str, Mapping[str, Any]], m: str, fixed: Arm,
+                   measure: Measure, s: Settings, verify_rounds: int, budget: VerifyBudget | None,
+                   register: Callable[[Arm, Mapping[str, Any] | None], None]) -> None:  # fmt: skip
+    """Where the verification failed at a load (or did not confirm it): that load's range set to
+    the fixed K where it was shown faster than the baseline there, else to K = 0
+    (harness/tune/correct.py), the corrected schedule against the baseline at those loads again
+    (nothing to run where it is off everywhere), ``out`` updated to it."""
+    v = out.verification
+    assert v is not None
+    fixes = corrections(v.rows, out.schedule, v.what, fixed, s.tolerance, v.searched)
+    if not fixes:
+        return
+    chosen = corrected_picks(out.picks, fixes, fixed)
+    config, schedule, more = build_config(chosen, method_cfgs, m)
+    sched = Arm(m, config["num_speculative_tokens"], schedule, "corrected") if config else BASELINE
+    loads = [c.load for c in fixes]
+    again: dict[int, Comparison] = {lo: IDENTICAL for lo in loads}  # off: the baseline itself
+    why_not = ""
+    if config is not None:
+        register(sched, config)
+        rounds = verify_rounds
+        if budget is not None:
+            rounds = budget.correction_plan(loads, lambda lo: [BASELINE, sched], 1)
+        if rounds >= MIN_REPEATS:
+            second = await verify(loads, [BASELINE, sched, sched], measure, rounds, s, v.rounds)
+            again = {r["load"]: r["schedule_vs_baseline"] for r in second.rows}
+        else:
+            again = {lo: NOT_REMEASURED for lo in loads}
+            why_not = "the time budget left no room for it"
+    by = {c.load: c for c in fixes}
+    rows = []
+    for row in v.rows:
+        c = by.get(row["load"])
+        if c is None:
+            rows.append(row)
+            continue
+        rows.append({**row, "schedule_vs_fixed": NOT_REMEASURED,
+                     "schedule_vs_baseline": again[c.load],
+                     "corrected": c.line().split(": ", 1)[1]})  # fmt: skip
+    out.picks, out.config, out.schedule = chosen, config, schedule
+    out.notes += [f"corrected by the verification: {c.line()}" for c in fixes]
+    out.notes += [n for n in more if n not in out.notes]
+    out.verification = Verification(sched, fixed, v.rounds, rows, fixes, v.rows, why_not,
+                                    s.tolerance, v.searched)  # fmt: skip

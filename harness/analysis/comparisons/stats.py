@@ -5,6 +5,7 @@ Every metric has one definition here; markdown, plots and compare all call these
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -148,11 +149,17 @@ TOO_FEW = "n/a (n too small)"
 
 def t975(df: int) -> float:
     """The two-sided 95% Student t quantile (scipy.stats)."""
+    return t_quantile(0.975, df)
+
+
+@functools.lru_cache(maxsize=1024)
+def t_quantile(p: float, df: int) -> float:
+    """The Student t quantile at ``p`` (scipy.stats): other levels than 95%, e.g. Bonferroni's."""
     if df < 1:
         raise ValueError("df must be >= 1")
     from scipy import stats
 
-    return float(stats.t.ppf(0.975, df))
+    return float(stats.t.ppf(p, df))
 
 
 @dataclass(frozen=True)
