@@ -11,6 +11,7 @@ from typing import Any
 
 from engines.base import Engine, EngineConfig, SpecCounters
 from harness.core.design import ONE, PER_BLOCK
+from harness.run.energy import Reading
 from harness.run.plan import GRACE_S
 from harness.run.runner import error_line
 
@@ -141,17 +142,21 @@ def error_rate_exceeded(records: Sequence[Any], limit: float | None) -> str | No
 
 
 async def measured(
-    lane: Lane, sample_load_s: float | None, sending: Awaitable[Any]
+    lane: Lane,
+    sample_load_s: float | None,
+    sending: Awaitable[Any],
+    energy: Reading | None = None,
 ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """Await ``sending`` (a measured run) between two reads of the engine's counters: the run's
-    speculative metrics and its extra (server load samples, client workers, prefix cache)."""
+    speculative metrics and its extra (server load samples, client workers, prefix cache, and
+    the device's ``energy`` over the sending alone when a meter reads it: harness.run.energy)."""
     from harness.run.load_sampler import LoadSampler
 
     engine = lane.engine
     assert engine is not None
     before, cache_before = await spec_counters(engine), cache_counters(engine)
     sampler = LoadSampler(engine, sample_load_s)
-    async with sampler:
+    async with sampler, energy or contextlib.nullcontext():
         await sending
     after, cache_after = await spec_counters(engine), cache_counters(engine)
     spec = (after - before).to_metrics() if before is not None and after is not None else None
@@ -160,6 +165,8 @@ async def measured(
         extra["client_workers"] = lane.clients.describe()
     if cache_before is not None and cache_after is not None:
         extra["prefix_cache"] = {k: cache_after[k] - cache_before[k] for k in cache_after}
+    if energy is not None:
+        extra["energy"] = energy.summary()
     return spec, extra
 
 

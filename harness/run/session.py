@@ -27,6 +27,7 @@ from harness.core.records import RequestRecord
 from harness.core.results import Cell, Run
 from harness.run.blocks import BlockSchedule
 from harness.run.conversations import sender
+from harness.run.energy import EnergyMeter, energy_meter
 from harness.run.journal import Journal
 from harness.run.lanes import (
     Lane,
@@ -68,6 +69,8 @@ class Session(BlockSchedule):
     _seq: int = 0  # runs so far
     _blocks: int = 0  # blocks (one repeat of every lane) so far: the rotation
     stopper: Stopper | None = None  # the sequential design's stops (harness.run.stopping)
+    # each measured run's energy (NVML, RAPL; harness.run.energy), None where nothing reads it
+    energy: EnergyMeter | None = field(default_factory=energy_meter)
 
     def __post_init__(self) -> None:
         self._t0 = self.clock()  # the schedule's times count from here (execute() restarts it)
@@ -246,6 +249,7 @@ class Session(BlockSchedule):
                 lane,
                 self.plan.sample_load_s,
                 send(requests, params, p.strategy, duration=self.plan.duration),
+                None if self.energy is None else self.energy.reading(self.clock),
             )
         except UnsupportedError as exc:
             status = str(exc)
