@@ -18,6 +18,10 @@ comparison pass through untouched. Layout::
     warnings      what changes the reading: degenerate outputs, outputs not identical to the
                   baseline, unstable points, concurrency not reached, cells not run, a
                   client that fell behind its schedule (harness.analysis.schedule)
+    cost, energy  per speculative candidate and point: its cost (``--price-per-hour``) and
+                  energy per output token against its own engine's baseline, candidate over
+                  baseline with the CI (harness.analysis.cost_energy); empty when unpriced or
+                  unmeasured
     blocks        what ran: the fewest and most blocks (repeats) a row pooled, and the design
                   ("sequential": looks after every block; "fixed": n set before the run), for
                   every view's title (a sequential run's ``config.repeats`` is its first look)
@@ -30,6 +34,7 @@ from typing import Any
 
 from harness.analysis.clocks import clock_warnings
 from harness.analysis.comparisons.sequential import rule_of
+from harness.analysis.cost_energy import answer_entries
 from harness.analysis.distributions import distributions
 from harness.analysis.schedule import behind_warnings
 from harness.core.results import Run
@@ -241,6 +246,8 @@ def answer(
         "speculation": _ordered(spec, order),
         "stops": _ordered(stops, order),
         "engines": _ordered(engines, order),
+        "cost": _ordered(answer_entries(rows, comps, "cost"), order),
+        "energy": _ordered(answer_entries(rows, comps, "energy"), order),
         "warnings": _warnings(rows, checks, not_run),
         "blocks": blocks_run(rows, sequential),
     }

@@ -23,6 +23,7 @@ from harness.analysis.comparisons.paired import comparisons, deciding_metric
 from harness.analysis.comparisons.pooled import point_key, pooled
 from harness.analysis.comparisons.sequential import rule_of
 from harness.analysis.comparisons.stats import PERCENTILES, summarize
+from harness.analysis.cost_energy import add_cost_energy
 from harness.analysis.sanity import lossless
 from harness.analysis.schedule import schedule_latencies
 from harness.analysis.theory.crossover import crossover
@@ -73,6 +74,7 @@ def analyze(
     summaries: Sequence[Mapping[str, Any]] | None = None,
     categories: Mapping[str, str] | None = None,
     stopping: Mapping[str, Any] | None = None,
+    prices: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """Every derived number of ``runs``; ``bound``: the batch-1 speed of light, if measured;
     ``percentiles``: those kept beside 50, 90, 99 (``--metric-percentiles``); ``summaries``:
@@ -85,7 +87,7 @@ def analyze(
     groups = group_runs(runs)
     rows = [pooled(rs, [of[id(r)] for r in rs], goodput, percentiles) for rs in groups.values()]
     by_name = {(r["name"], r["point"]): (r, rs) for r, rs in zip(rows, groups.values())}
-    rule, stopped = rule_of(stopping)
+    rule, stopped = rule_of(stopping)  # prices: --price-per-hour per engine (cost_energy)
     comps = comparisons(runs, min_effect=min_effect, seed=seed, rule=rule, stopped=stopped)
     checks: list[dict[str, Any]] = []
     check_of: dict[tuple[str, str, str], int] = {}
@@ -103,6 +105,7 @@ def analyze(
         head = _deciding(comps, row)
         row["comparison"] = None if head is None else head["id"]
         row["lossless"] = None if head is None else head["lossless"]
+    add_cost_energy(rows, comps, runs, prices, min_effect, rule)  # rows[].cost/energy, comps too
     out = {
         "rows": rows,
         "comparisons": comps,
