@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.results import SCHEMA_VERSION, with_config
-from harness.flags.options import Parser, UsageError
+from harness.flags.options import Parser, UsageError, prices
 from harness.run.journal import atomic_write
 
 
@@ -169,6 +169,8 @@ def compare(argv: Sequence[str]) -> int:
                    "plots of the comparison go (default: beside --json, else "
                    "compare-A-B/ beside the first file's directory)")  # fmt: skip
     p.add_argument("--no-plots", action="store_true", help="skip the plots (faster)")
+    p.add_argument("--price-per-hour", nargs="+", default=None, metavar="USD|ENGINE=USD",
+                   help="price the runs (default: each file's own --price-per-hour)")  # fmt: skip
     args = p.parse_args(argv)
     if len(args.results) < 2:
         raise UsageError("compare: give at least two results files")
@@ -210,6 +212,7 @@ def compare(argv: Sequence[str]) -> int:
         percentiles=config.get("metric_percentiles") or (50, 90, 99),
         categories=(files[0].get("workload") or {}).get("categories"),
         stopping=(files[0].get("design") or {}).get("stopping") if len(files) == 1 else None,
+        prices=_prices(args.price_per_hour, files, _tags(args.results), runs),
     )
     rest = {k: v for k, v in files[0].items() if k not in KEYS and k != "upgraded_from"}
     joined = {**rest, "runs": runs_json, **derived}
@@ -226,6 +229,21 @@ def compare(argv: Sequence[str]) -> int:
     print(write_views(joined, out, plots=not args.no_plots, csv=False, write=atomic_write))
     print(f"[harness] wrote {out / 'summary.md'} and {out / 'report.html'}", file=sys.stderr)
     return 0
+
+
+def _prices(
+    asked: Sequence[str] | None, files: Sequence[dict[str, Any]], tags: Sequence[str], runs: Any
+) -> dict[str, float] | None:
+    """Each tagged engine's price: --price-per-hour's, else its file's own (a file without one
+    leaves its engines unpriced)."""
+    if asked:
+        return prices(asked, sorted({r.cell.engine for r in runs}))
+    own = {
+        f"{engine}@{tag}": usd
+        for tag, f in zip(tags, files)
+        for engine, usd in ((f.get("config") or {}).get("price_per_hour") or {}).items()
+    }
+    return own or None
 
 
 def _compare_dir(paths: Sequence[str], json_path: str | None) -> Path:

@@ -117,6 +117,7 @@ def finalize(
         summaries=summaries,
         categories=results["workload"]["categories"],
         stopping=(design or {}).get("stopping"),
+        prices=plan.price_per_hour,
     )
     results |= workload_analysis(plan, workload, runs)
     if plan.slo:  # the capacity search's answer (harness.analysis.capacity.slo)

@@ -75,6 +75,39 @@ def goodput(items: Sequence[str] | None, flag: str = "--goodput") -> dict[str, f
     return out
 
 
+def prices(items: Sequence[str] | None, engines: Sequence[str]) -> dict[str, float] | None:
+    """``--price-per-hour 2.5`` (every engine's lane) or ``vllm=2.5 hf=1.2`` (one per engine,
+    mixed hardware): USD per hour of the hardware a lane holds, per engine; None unpriced.
+    ``engines`` "a@tag" (compare's) take the price given for "a"."""
+    if not items:
+        return None
+    flag = "--price-per-hour"
+    given: dict[str, float] = {}
+    for item in items:
+        name, sep, raw = item.rpartition("=")
+        if sep and not name:
+            raise UsageError(f"{flag}: expected USD or ENGINE=USD, got {item!r}")
+        try:
+            usd = float(raw)
+        except ValueError:
+            raise UsageError(f"{flag}: {item!r}: {raw!r} is not a number of dollars") from None
+        if not usd > 0 or usd == float("inf"):
+            raise UsageError(f"{flag}: {item!r}: expected a price > 0")
+        given[name or "*"] = usd
+    if "*" in given and len(given) > 1:
+        raise UsageError(f"{flag}: give one price for every engine or ENGINE=USD each, not both")
+    out = {}
+    for engine in engines:
+        usd = given.get("*", given.get(engine, given.get(engine.split("@")[0])))
+        if usd is None:
+            raise UsageError(f"{flag}: no price for engine {engine} (give ENGINE=USD for each)")
+        out[engine] = usd
+    unknown = set(given) - {"*", *engines, *(e.split("@")[0] for e in engines)}
+    if unknown:
+        raise UsageError(f"{flag}: {', '.join(sorted(unknown))}: not an engine of this run")
+    return out
+
+
 def _number(text: str, cast: type, low: float, strict: bool) -> Any:
     try:
         v = cast(text)

@@ -237,6 +237,14 @@ def _statistics_and_output(p: argparse.ArgumentParser) -> None:
         help="continue an interrupted run in DIR: finished cells are not redone",
     )
     r.add_argument(
+        "--price-per-hour",
+        nargs="+",
+        default=None,
+        metavar="USD|ENGINE=USD",
+        help="price of an hour of the hardware a lane holds (or per engine: vllm=2.5 hf=1.2): "
+        "cost per million output tokens and the cost ratio with its CI (docs/cost.md)",
+    )
+    r.add_argument(
         "--max-error-rate",
         type=float,
         default=None,

@@ -16,7 +16,7 @@ from harness.core.design import PER_BLOCK
 from harness.flags import capacity, workload
 from harness.flags.engine_args import check_max_model_len
 from harness.flags.engine_args import resolve as resolve_engine_args
-from harness.flags.options import UsageError, goodput, json_arg, variant_urls
+from harness.flags.options import UsageError, goodput, json_arg, prices, variant_urls
 from harness.flags.stop import DEFAULT_BUDGET_MIN, DEFAULT_REPEATS
 from harness.flags.vllm_bench import api_root
 from harness.run.lanes import can_rebuild
@@ -171,6 +171,7 @@ def build_plan(
         stop_grace_s=stop_grace_s(),
         min_effect=args.min_effect,
         goodput=goodput(args.goodput),
+        price_per_hour=prices(args.price_per_hour, engines),
         plots=not args.no_plots,
         progress=not args.quiet,
         save_vllm_json=args.save_vllm_json,

@@ -116,6 +116,7 @@ class RunPlan:
     # ---- analysis and output (never change a measurement)
     min_effect: float = 0.02
     goodput: Mapping[str, float] | None = None  # SLOs in ms: ttft, tpot, e2e
+    price_per_hour: Mapping[str, float] | None = None  # engine -> USD per hour (--price-per-hour)
     plots: bool = True
     progress: bool = True
     save_vllm_json: bool = False
@@ -275,7 +276,7 @@ class RunPlan:
 # run may ask for more), when to stop; every other key of RunPlan.to_json() does.
 NOT_MEASURED = frozenset(
     {
-        "repeats", "target_ci", "max_repeats", "stopping", "budget_s", "min_effect", "goodput", "max_error_rate",
+        "repeats", "target_ci", "max_repeats", "stopping", "budget_s", "min_effect", "goodput", "max_error_rate", "price_per_hour",
         "metric_percentiles", "percentile_metrics", "metadata", "plots", "progress",
         "save_vllm_json", "result_filename", "resume", "token_ids", "stop_grace_s",
     }
