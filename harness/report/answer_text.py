@@ -141,6 +141,47 @@ def warning_line(w: Mapping[str, Any], lengths: int = 1) -> str:
     return f"{w.get('name', '')}: {kind}"
 
 
+def _pct(x: float) -> str:
+    return f"{x * 100:.0f}%"
+
+
+def saving_text(e: Mapping[str, Any], unit: str, less: str, more: str) -> str:
+    """A stored cost or energy ratio (candidate / baseline) as the change it makes: ``saves 12%
+    per million tokens [5%, 18%]`` / ``costs 10% more per million tokens [2%, 20%]`` (``less``,
+    ``more``: templates of the percentage), the interval of that same change (no CI: why)."""
+    est, lo, hi = e.get("estimate"), e.get("lo"), e.get("hi")
+    if est is None:
+        return "n/a"
+    if est < 1:
+        head, span = less.format(_pct(1 - est)), (None if lo is None else (1 - hi, 1 - lo))
+    else:
+        head, span = more.format(_pct(est - 1)), (None if lo is None else (lo - 1, hi - 1))
+    ci = f"[{_pct(span[0])}, {_pct(span[1])}]" if span else f"CI {e.get('verdict') or 'n/a'}"
+    return f"{head} {unit} {ci} n={e.get('n')}"
+
+
+def _money_line(e: Mapping[str, Any], lengths: int) -> str:
+    b, c = e.get("baseline_value"), e.get("candidate_value")
+    both = "" if b is None or c is None else f" (${c:.3g} vs ${b:.3g})"
+    said = saving_text(e, "per million tokens", "saves {}", "costs {} more")
+    return f"{e['candidate']}, {where(e, lengths)}: {said}{both}{_unless_said(e)}"
+
+
+def _energy_line(e: Mapping[str, Any], lengths: int) -> str:
+    b, c = e.get("baseline_value"), e.get("candidate_value")
+    both = "" if b is None or c is None else f" ({c:.3g} vs {b:.3g} J/tok)"
+    said = saving_text(e, "energy per token", "uses {} less", "uses {} more")
+    return f"{e['candidate']}, {where(e, lengths)}: {said}{both}{_unless_said(e)}"
+
+
+def _unless_said(e: Mapping[str, Any]) -> str:
+    """The verdict where the line's own words do not say it (not significant, within the min
+    effect, undecided); a line without a CI says why already."""
+    v = _why(e)
+    decided = v in ("cheaper", "costs more", "less energy", "more energy")
+    return "" if decided or e.get("lo") is None else f", {v}"
+
+
 def _engine_question(entries: Sequence[Mapping[str, Any]]) -> str:
     firsts = list(dict.fromkeys(e["baseline"].split("/")[0] for e in entries))
     others = list(dict.fromkeys(e["candidate"].split("/")[0] for e in entries))
@@ -181,6 +222,25 @@ def answer_sections(results: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
                     + f", {_metric(e)} {speedup_text(e)}"
                     for e in engines
                 ],
+            )
+        )
+    if a.get("cost"):
+        out.append(
+            (
+                "What it costs (USD per million output tokens at --price-per-hour, candidate vs "
+                "the same engine's baseline, 95% CI from the speedup's paired blocks)",
+                [_money_line(e, lengths) for e in a["cost"]],
+            )
+        )
+    if a.get("energy"):
+        source = next(
+            (r["energy"]["source"] for r in results.get("rows", []) if r.get("energy")), ""
+        )
+        out.append(
+            (
+                f"What it draws (joules per output token from the {source}, candidate vs the same "
+                "engine's baseline, 95% CI over paired blocks)",
+                [_energy_line(e, lengths) for e in a["energy"]],
             )
         )
     if a.get("warnings"):

@@ -141,6 +141,27 @@ def short_verdict(v: Any) -> str:
     return "n.s." if v == "no significant difference" else ("n/a" if v.startswith("n/a") else v)
 
 
+def _row_figure(key: str, figure: str) -> Callable[[Line], Any]:
+    """A row's stored cost or energy figure (None: unpriced, or no energy reading)."""
+    return lambda x: (x.entry.get(key) or {}).get(figure)
+
+
+def ratio_text(c: Mapping[str, Any] | None) -> str:
+    """A cost or energy ratio (candidate / baseline, <1 = less) with its CI and n."""
+    return "n/a" if not c or c.get("estimate") is None else ci_text(c)
+
+
+def _ratio(key: str) -> Callable[[Line], Any]:
+    """The cost or energy ratio stored on the row's deciding comparison (tokens/s only: an
+    open-loop point, decided by E2E, has none)."""
+    return lambda x: (x.comparison or {}).get(key)
+
+
+USD_PER_M = Column("usd_per_mtok", "$/M tok", _row_figure("cost", "usd_per_million_tokens"),
+                   _fixed(3))  # fmt: skip
+J_PER_TOK = Column("j_per_tok", "J/tok", _row_figure("energy", "joules_per_token"), _fixed(3))
+
+
 # ---- the tables ------------------------------------------------------------------------------------
 MAIN: tuple[Column, ...] = (
     Column("name", "engine/variant", lambda x: x.entry["name"], str),
@@ -175,6 +196,11 @@ MAIN: tuple[Column, ...] = (
     Column("tok_per_pass", "tok/target pass", _spec("tokens_per_target_pass"), _fixed(2)),
     Column("speedup", "speedup {metric} [95% CI]", _versus, str),
     Column("verdict", "verdict", lambda x: (x.comparison or {}).get("verdict", "n/a"), str),
+    Column("usd_per_mtok", "$ per M out tok", USD_PER_M.get, USD_PER_M.fmt),
+    Column("cost_ratio", "cost vs baseline [95% CI]", _ratio("cost"), ratio_text),
+    Column("j_per_tok", "J per out tok", J_PER_TOK.get, J_PER_TOK.fmt),
+    Column("energy_source", "energy from", _row_figure("energy", "source"), lambda v: v or "n/a"),
+    Column("energy_ratio", "energy vs baseline [95% CI]", _ratio("energy"), ratio_text),
     Column("lossless", "identical to baseline", lambda x: x.check, lossless_text),
     Column("degenerate", "degenerate out", lambda x: x.entry.get("sanity"), sanity_text),
 )
@@ -193,13 +219,18 @@ COMPACT: tuple[Column, ...] = (
     Column("tpot_med", "TPOT ms", _s("tpot_s", "median"), _fixed(2, 1e3)),
     Column("e2e_med", "E2E ms", _s("e2e_s", "median"), _fixed(0, 1e3)),
     Column("acceptance_rate", "accept", _spec("acceptance_rate"), _fixed(2)),
+    USD_PER_M,
+    J_PER_TOK,
     Column("speedup", "speedup {metric} [95% CI]", _versus, str),
     Column("verdict", "verdict", lambda x: (x.comparison or {}).get("verdict"), short_verdict),
 )
+# shown only where some row stores the figure (--price-per-hour; an energy counter)
+COMPACT_IF_STORED = ("usd_per_mtok", "j_per_tok")
 COMPACT_NOTE = (
     "Medians over counted requests; latencies from each request's send (the full set has them "
     "from its scheduled arrival too, and the client queue between the two, under an open "
-    "loop); * = unstable across repeats; speedup >1 = better, with "
+    "loop); * = unstable across repeats; $/M tok = USD per million output tokens at "
+    "--price-per-hour, J/tok = joules per output token (docs/cost.md); speedup >1 = better, with "
     "its 95% CI, n and method, against the row it names; n.s. = no significant difference. "
     "The full column set is in summary.csv, results.json and report.html."
 )

@@ -14,6 +14,7 @@ from harness.report.answer_text import answer_markdown
 from harness.report.capacity_plot import capacity_markdown
 from harness.report.columns import (
     COMPACT,
+    COMPACT_IF_STORED,
     COMPACT_NOTE,
     COMPACT_OPTIONAL,
     COMPACT_WIDTH,
@@ -68,7 +69,11 @@ def tight_table(columns: Sequence[Column], lines: Sequence[Line], metric: str) -
 
 def compact_table(lines: Sequence[Line], metric: str = "output_tok_s") -> str:
     """The COMPACT table, its optional columns dropped in order until it fits COMPACT_WIDTH."""
-    columns = list(COMPACT)
+    columns = [
+        c
+        for c in COMPACT
+        if c.name not in COMPACT_IF_STORED or any(c.get(x) is not None for x in lines)
+    ]
     text = tight_table(columns, lines, metric)
     for name in COMPACT_OPTIONAL:
         if max(len(ln) for ln in text.splitlines()) <= COMPACT_WIDTH:
