@@ -73,6 +73,7 @@ class Reading:
         self.joules = 0.0
         self.t0 = self.t1 = 0.0
         self._start = 0.0
+        self._last = (0.0, 0.0)  # sampled power: the last (time, watts)
         self._task: asyncio.Task[None] | None = None
         self.error: str | None = None
 
@@ -83,16 +84,19 @@ class Reading:
         except Exception as exc:  # noqa: BLE001 - a failed read loses the energy, not the run
             self.error = str(exc)
         if self.meter.sampled and self.error is None:
+            self._last = (self.t0, self._start)
             self._task = asyncio.create_task(self._sample())
         return self
 
+    def _add(self, now: float, watts: float) -> None:
+        t, p = self._last
+        self.joules += (now - t) * (watts + p) / 2  # the trapezoid since the last sample
+        self._last = (now, watts)
+
     async def _sample(self) -> None:
-        t, p = self.t0, self._start
         while True:
             await asyncio.sleep(SAMPLE_S)
-            now, watts = self.clock(), self.meter.read()
-            self.joules += (now - t) * (watts + p) / 2
-            t, p = now, watts
+            self._add(self.clock(), self.meter.read())
 
     async def __aexit__(self, *exc: object) -> None:
         self.t1 = self.clock()
@@ -100,10 +104,13 @@ class Reading:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-        if self.error is not None or self.meter.sampled:
+        if self.error is not None:
             return
         try:
-            self.joules = self.meter.read() - self._start
+            if self.meter.sampled:  # the last stretch, up to the run's end
+                self._add(self.t1, self.meter.read())
+            else:
+                self.joules = self.meter.read() - self._start
         except Exception as exc:  # noqa: BLE001
             self.error = str(exc)
 
