@@ -190,3 +190,19 @@ def test_visible_devices_map_to_nvml_indices() -> None:
     assert energy.visible_indices(4, None) == [0, 1, 2, 3]
     assert energy.visible_indices(4, "2,3") == [2, 3]
     assert energy.visible_indices(2, "GPU-abc") == [0, 1]  # UUIDs: every device
+
+
+def test_gpu_check_says_what_the_counter_measured() -> None:
+    """bench/gpu_check's energy line (its GPU run is unproven here: no GPU is lent)."""
+    from bench.gpu_harness import energy_line
+
+    assert "Energy: n/a" in energy_line({"energy_source": None})
+    h = {
+        "energy_source": "nvml energy counter (NVIDIA H200)",
+        "energy_rows": {"hf/baseline": {"joules_per_token": 0.5, "mean_watts": 310.0}},
+        "energy_ratios": [{"candidate": "hf/ngram", "estimate": 0.8, "lo": 0.7, "hi": 0.9}],
+        "energy_whole_run_j": 1234.0,
+    }
+    line = energy_line(h)
+    assert "hf/baseline 0.5 J/tok at 310 W" in line and "hf/ngram 0.80x [0.70, 0.90]" in line
+    assert "1234 J" in line

@@ -32,3 +32,5 @@ def test_gpu_check_runs_the_hf_lanes_on_shared_weights(tmp_path: Path, tiny_pair
     }
     assert h["dtype"] == "float32" and h["plan_peak_bytes"] > 0
     assert "one target for the three lanes" in "\n".join(markdown(h))
+    if h["energy_source"] is None:  # no NVML, no RAPL: said, not hidden
+        assert "Energy: n/a" in "\n".join(markdown(h))
