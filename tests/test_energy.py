@@ -32,7 +32,7 @@ class TimedEngine(ScriptedEngine):
     """A scripted engine whose token takes a set virtual time per variant, slower as (virtual)
     time passes (``drift`` per second), so that blocks differ."""
 
-    capabilities: ClassVar[Capabilities] = Capabilities(coexist=True)
+    capabilities: ClassVar[Capabilities] = Capabilities(coexist=True, device_memory="shared")
 
     def __init__(self, clock: FakeClock, label: str, drift: float):
         super().__init__(clock, {})
@@ -136,6 +136,26 @@ def test_joules_per_token_and_the_paired_ratio(monkeypatch: pytest.MonkeyPatch) 
     assert "nvml energy counter" in head
     first = res["answer"]["energy"][0]
     assert f"uses {(1 - first['estimate']) * 100:.0f}% less energy per token [" in lines[head][0]
+
+
+class RemoteEngine(TimedEngine):
+    """A server elsewhere (``device_memory`` ""): this machine's devices do not serve it."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities(coexist=True)
+
+
+def test_a_remote_server_gets_no_reading_of_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(energy, "load_nvml", lambda: fake_nvml(clock))
+    session = Session(
+        dataclasses.replace(_plan(), modes=("latency",)),
+        PROMPTS,
+        progress=False,
+        clock=clock,
+        engine_factory=lambda config: RemoteEngine(clock, "baseline", 0.0),
+    )
+    asyncio.run(session.execute([("baseline", EngineConfig(engine="timed", model="m"))]))
+    assert session.runs and all("energy" not in r.extra for r in session.runs)
 
 
 def test_sampled_power_where_the_card_has_no_counter(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,7 +27,7 @@ from harness.core.records import RequestRecord
 from harness.core.results import Cell, Run
 from harness.run.blocks import BlockSchedule
 from harness.run.conversations import sender
-from harness.run.energy import EnergyMeter, energy_meter
+from harness.run.energy import EnergyMeter, Reading, energy_meter
 from harness.run.journal import Journal
 from harness.run.lanes import (
     Lane,
@@ -249,7 +249,7 @@ class Session(BlockSchedule):
                 lane,
                 self.plan.sample_load_s,
                 send(requests, params, p.strategy, duration=self.plan.duration),
-                None if self.energy is None else self.energy.reading(self.clock),
+                self._energy_reading(engine),
             )
         except UnsupportedError as exc:
             status = str(exc)
@@ -269,6 +269,13 @@ class Session(BlockSchedule):
         )
         self._finish(run, status)
         return run
+
+    def _energy_reading(self, engine: Engine) -> Reading | None:
+        """The run's energy reading, where this machine's devices serve it: none for a remote
+        server (``device_memory`` "": its device is elsewhere)."""
+        if self.energy is None or not engine.capabilities.device_memory:
+            return None
+        return self.energy.reading(self.clock)
 
     def _finish(self, run: Run, status: str) -> None:
         self.runs.append(run)
