@@ -131,16 +131,6 @@ async def close_lanes(lanes: Sequence[Lane]) -> None:
         raise cancelled
 
 
-def error_rate_exceeded(records: Sequence[Any], limit: float | None) -> str | None:
-    """The stop reason once more than ``limit`` of a run's counted requests failed (5 at least
-    seen), else None (``--max-error-rate``)."""
-    counted = [r for r in records if not r.warmup]
-    if limit is None or len(counted) < 5:
-        return None
-    rate = sum(not r.ok for r in counted) / len(counted)
-    return f"error rate {rate:.0%} > --max-error-rate {limit:.0%}" if rate > limit else None
-
-
 async def measured(
     lane: Lane,
     sample_load_s: float | None,

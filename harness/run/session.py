@@ -27,13 +27,13 @@ from harness.core.records import RequestRecord
 from harness.core.results import Cell, Run
 from harness.run.blocks import BlockSchedule
 from harness.run.conversations import sender
+from harness.run.counters import RunCounters
 from harness.run.energy import EnergyMeter, Reading, energy_meter
 from harness.run.journal import Journal
 from harness.run.lanes import (
     Lane,
     StopFlag,
     close_lanes,
-    error_rate_exceeded,
     measured,
     progress_bar,
     reset_cache,
@@ -208,6 +208,7 @@ class Session(BlockSchedule):
         plan = self.plan  # no length in params: each request carries its own (resolve_lengths)
         params = GenParams(temperature=plan.temperature, ignore_eos=plan.ignore_eos, seed=plan.seed)
         records: list[RequestRecord] = []
+        counts = RunCounters()  # the hot path's questions, constant time per record
         t0 = self.clock()
         if self.journal:
             head = Run(cell, config.spec_config, (), engine_info=info, schedule=slot).to_json({})
@@ -223,8 +224,7 @@ class Session(BlockSchedule):
                 self.journal.write("record", {"key": cell.key, "record": rec.to_json(t0)})
             if bar is not None and not rec.warmup:
                 bar.update(1)
-            why = error_rate_exceeded(records, self.plan.max_error_rate)
-            if why:
+            if why := counts.add(rec.ok, rec.warmup, self.plan.max_error_rate):
                 self.stop.set(why)
 
         runner = Runner(
