@@ -14,6 +14,7 @@ from harness.analysis.capacity.saturation import ALPHA, EVERY, MIN_REQUESTS, sat
 from harness.core.records import RequestRecord
 
 SATURATED = "saturated"
+DENSE = 200  # requests up to which a point looks every EVERY (look_after)
 
 
 @dataclass
@@ -28,12 +29,34 @@ class SaturationMonitor:
     min_requests: int = MIN_REQUESTS
     alpha: float = ALPHA
     t0: float = math.nan
-    ends: list[float] = field(default_factory=list)
-    ttft_sends: list[float] = field(default_factory=list)
-    ttfts: list[float] = field(default_factory=list)
-    e2es: list[float] = field(default_factory=list)
     verdict: dict[str, Any] | None = None
     asked: int = 0  # should_stop calls: one per send
+    done: int = 0  # finished records seen
+    streamed: int = 0  # ... of which streamed a token
+    # per finished record, filled in place (the point's size is known): no copy per look
+    _cols: np.ndarray = field(default_factory=lambda: np.zeros((4, 0)), repr=False)
+    _next_ask: int = 0  # the send count of the next look (look_after)
+    _next_done: int = 0  # the completion count of the next look
+    _looks: int = 0  # planned_looks(), once
+
+    def __post_init__(self) -> None:
+        self._cols = np.zeros((4, self.offsets.size))  # ends; ttft sends, ttfts, e2es
+        self._next_ask = self._next_done = self.min_requests
+        self._looks = self.planned_looks()
+
+    def look_after(self, n: int) -> int:
+        """The count of the look after the one at ``n``: every ``every`` up to ``DENSE``, then
+        every ``n / DENSE * every`` (a look's cost grows with n: spaced so, the looks cost a
+        constant per request, and a point of up to ``DENSE`` requests looks as often as ever)."""
+        return n + max(self.every, n * self.every // DENSE)
+
+    def planned_looks(self) -> int:
+        """Looks at most over the point (both schedules, sends and completions): the Bonferroni
+        split of ``alpha``."""
+        n, k, size = self.min_requests, 1, self.offsets.size
+        while n < size:
+            n, k = self.look_after(n), k + 1
+        return 2 * k
 
     def start(self, t0: float) -> None:
         self.t0 = t0
@@ -46,7 +69,8 @@ class SaturationMonitor:
         if math.isnan(self.t0):
             self.t0 = self.clock()
         self.asked += 1
-        if self.verdict is None and self.asked >= self.min_requests and not self.asked % self.every:
+        if self.verdict is None and self.asked >= self._next_ask:
+            self._next_ask = self.look_after(self.asked)
             self._look(self.clock())  # a look per few sends too: an overload may finish nothing
         return self.verdict is not None
 
@@ -77,23 +101,25 @@ class SaturationMonitor:
             return
         if self.clock is None or self.verdict is not None or math.isnan(self.t0):
             return
-        self.ends.append(rec.t_end)
+        if self.done >= self._cols.shape[1]:  # more records than sends planned: grow
+            self._cols = np.concatenate([self._cols, np.zeros((4, max(1, self.done)))], axis=1)
+        self._cols[0, self.done] = rec.t_end
+        self.done += 1
         if rec.ttft is not None:
-            self.ttft_sends.append(rec.t_send)
-            self.ttfts.append(rec.ttft)
-            self.e2es.append(rec.e2e)
-        n = len(self.ends)
-        if n < self.min_requests or (n - self.min_requests) % self.every:
+            self._cols[1:, self.streamed] = (rec.t_send, rec.ttft, rec.e2e)
+            self.streamed += 1
+        if self.done < self._next_done:
             return
+        self._next_done = self.look_after(self.done)
         self._look(rec.t_end)
 
     def _look(self, now: float) -> None:
-        n = len(self.ends)
+        n, k = self.done, self.streamed
         sent = int(np.searchsorted(self.offsets, now - self.t0, side="right"))
-        looks = 2 * max(1, math.ceil((self.offsets.size - self.min_requests) / self.every) + 1)
+        _, ttft_sends, ttfts, e2es = self._cols[:, :k]
         found = saturation_check(
-            self.t0 + self.offsets[:sent], self.ends, self.ttft_sends, self.ttfts, self.e2es, now,
-            looks, self.alpha,
+            self.t0 + self.offsets[:sent], self._cols[0, :n], ttft_sends, ttfts, e2es, now,
+            self._looks, self.alpha,
         )  # fmt: skip
         if found is not None:
             self.verdict = {**found, "completed": n, "sent": sent}
