@@ -13,6 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from harness.core.records_file import load_with_records
+
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
@@ -61,8 +63,8 @@ def hf_run(tmp_path_factory, tiny_pair):
 
 def test_results_json_has_the_schema(hf_run):
     out, proc = hf_run
-    res = json.loads((out / "results.json").read_text())
-    assert res["schema_version"] == 3 and res["status"] == "complete"
+    res = load_with_records(out / "results.json")
+    assert res["schema_version"] == 4 and res["status"] == "complete"
     for key in ("python", "torch", "transformers", "vllm"):
         assert key in res["environment"]
     labels = {r["label"] for r in res["runs"]}
@@ -141,7 +143,7 @@ def test_every_number_of_the_real_summary_is_in_results_json(hf_run):
     from tests.test_markdown import check_summary
 
     out, _ = hf_run
-    res = json.loads((out / "results.json").read_text())
+    res = load_with_records(out / "results.json")
     assert check_summary((out / "summary.md").read_text(), res) > 50
     passes = [t["tokens_per_target_pass"] for t in res["theory"]]
     assert len(passes) == 2 and all(p > 1 for p in passes)  # HF counts its target passes
@@ -150,7 +152,7 @@ def test_every_number_of_the_real_summary_is_in_results_json(hf_run):
 
 def test_compare_two_files_and_refuse_different_prompts(hf_run, tmp_path):
     out, _ = hf_run
-    res = json.loads((out / "results.json").read_text())
+    res = load_with_records(out / "results.json")
     other = tmp_path / "b" / "results.json"
     other.parent.mkdir()
     other.write_text(json.dumps(res))
@@ -174,7 +176,7 @@ def test_the_real_report_html_in_a_browser(hf_run, tmp_path):
     if find() is None:
         pytest.skip("no Chromium on PATH: bin/browser installs Debian's chromium")
     out, _ = hf_run
-    res = json.loads((out / "results.json").read_text())
+    res = load_with_records(out / "results.json")
     b = Browser(find())
     try:
         b.open(out / "report.html")
@@ -230,7 +232,7 @@ def test_sigint_keeps_finished_records_and_resume_finishes(tmp_path, tiny_pair):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
     assert "partial results in" in err and "Traceback" not in err
-    res = json.loads((out / "results.json").read_text())
+    res = load_with_records(out / "results.json")
     assert res["status"].startswith("interrupted")
     kept = [r for run in res["runs"] for r in run["records"] if r["ok"]]
     assert len(kept) >= 3
@@ -238,7 +240,7 @@ def test_sigint_keeps_finished_records_and_resume_finishes(tmp_path, tiny_pair):
     # resume: the interrupted cell is run again, nothing finished is redone
     done = harness(*args[:-3], "--resume", str(out), "--quiet")
     assert done.returncode == 0, done.stderr[-2000:]
-    res = json.loads((out / "results.json").read_text())
+    res = load_with_records(out / "results.json")
     assert res["status"] == "complete"
     finished = [r for r in res["runs"] if r["status"] == "ok"]
     assert sorted(r["repeat"] for r in finished) == [0, 1]

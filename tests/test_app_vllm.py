@@ -8,6 +8,7 @@ from collections.abc import Callable
 import psutil
 import pytest
 
+from harness.core.records_file import load_with_records
 from harness.models import registry as models
 from tests.inprocess import Ran, run_harness
 
@@ -53,7 +54,7 @@ def test_vllm_spec_both_modes(tmp_path, tiny_pair, harness):
         str(out),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads((out / "results.json").read_text())
+    res = load_with_records(out / "results.json")
     runs = {(r["label"], r["mode"]): r for r in res["runs"]}
     assert set(runs) == {  # --spec alone: every method the tiny family has (a draft, a head)
         (lb, m)
@@ -111,7 +112,7 @@ def test_unknown_spec_method_and_spec_config(tmp_path, tiny_pair, harness):
         str(out),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    (run,) = json.loads((out / "results.json").read_text())["runs"]
+    (run,) = load_with_records(out / "results.json")["runs"]
     assert run["spec_config"] == json.loads(cfg)  # passed verbatim
     assert run["spec_metrics"]["num_drafts"] > 0
 
@@ -137,7 +138,7 @@ def test_managed_vllm_server_spec_end_to_end(tmp_path, tiny_pair, harness):
         str(out),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads((out / "results.json").read_text())
+    res = load_with_records(out / "results.json")
     spec = next(r for r in res["runs"] if r["label"] == "ngram")
     assert spec["spec_metrics"]["num_drafts"] > 0  # scraped from the server's /metrics
     assert all(r["ok"] for r in spec["records"])

@@ -4,7 +4,6 @@ fake server (tests/fake_server.py, known delays) once with one client and once w
 
 from __future__ import annotations
 
-import json
 import statistics
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import time
 import pytest
 
 from harness.cli.main import main
+from harness.core.records_file import load_with_records
 from harness.run.client_workers import ClientPool, split
 from tests.clock import FakeClock
 from tests.fake_server import Behaviour, FakeServer
@@ -85,7 +85,7 @@ def _run(tmp_path, url, n, workers, *load):
         tmp_path / f"w{workers}", url, n, *load, "--client-workers", str(workers)
     )
     assert code == 0
-    return json.loads((out / "results.json").read_text())
+    return load_with_records(out / "results.json")
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from engines.base import Chunk, Engine, EngineConfig, GenParams, Request
 from harness.analysis.workload.turns import turn_tables
 from harness.core.design import INTERLEAVED, Slot
 from harness.core.load import Concurrent, Synchronous
+from harness.core.records_file import load_with_records
 from harness.core.results import Cell, Run
 from harness.run.conversations import Conversations
 from harness.run.runner import Runner
@@ -238,7 +239,7 @@ def test_multi_turn_ngram_on_vllm_prints_the_turn_table(tiny_pair, tmp_path, cap
         capsys,
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr[-2000:]
-    res = json.loads((out / "results.json").read_text())
+    res = load_with_records(out / "results.json")
     tables = {t["name"]: t for t in res["turns"]}
     ngram = tables["vllm/ngram"]
     assert ngram["conversations"] == 8 and set(ngram["turns"]) == {"1", "2"}

@@ -20,6 +20,7 @@ import pytest
 
 from engines.base import Chunk, EngineConfig, EngineError, GenParams
 from engines.servers.vllm_serve import VLLMServerEngine, to_flags
+from harness.core.records_file import load_with_records
 from tests.servers import ServerPool
 from workloads.base import Request
 
@@ -127,7 +128,7 @@ def test_harness_cli_drives_a_running_server_in_both_modes(servers, tmp_path) ->
         cwd=root, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads((out / "results.json").read_text())
+    res = load_with_records(out / "results.json")
     assert {r["mode"] for r in res["runs"]} == {"latency", "throughput"}
     for run in res["runs"]:
         assert run["status"] == "ok" and run["summary"]["completed"] == 4

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli.main import main
+from harness.core.records_file import load_with_records
 from tests.fake_server import Behaviour, FakeServer
 
 FAULTS = {
@@ -104,7 +105,7 @@ def test_faults_are_counted_exactly_and_successes_kept(tmp_path, monkeypatch, ca
     with ServerThread(server) as url:
         code, out = run_harness(tmp_path, url, n, "--concurrency", "4", "--request-timeout", "1")
     assert code == 0, capsys.readouterr().err
-    res = json.loads((out / "results.json").read_text())
+    res = load_with_records(out / "results.json")
     (run,) = res["runs"]
     expected = Counter()
     for b in behaviours:
@@ -136,7 +137,7 @@ def test_max_error_rate_stops_cleanly(tmp_path, capsys):
     assert code == 1
     (line,) = [ln for ln in err.splitlines() if ln.startswith("error:")]  # says why
     assert "run stopped: error rate" in line and "--max-error-rate 20%" in line
-    res = json.loads((out / "results.json").read_text())
+    res = load_with_records(out / "results.json")
     assert res["status"].startswith("stopped: error rate")
     (run,) = res["runs"]
     assert len(run["records"]) < 60  # it stopped sending
@@ -174,7 +175,7 @@ def test_a_thousand_streams_in_flight(tmp_path, capsys):
     with ServerThread(server) as url:
         code, out = run_harness(tmp_path, url, 1000, "--concurrency", "1000")
     assert code == 0, capsys.readouterr().err
-    (run,) = json.loads((out / "results.json").read_text())["runs"]
+    (run,) = load_with_records(out / "results.json")["runs"]
     assert run["summary"]["completed"] == 1000 and run["summary"]["failed"] == 0
     assert run["summary"]["peak_in_flight"] > 500
 
@@ -186,7 +187,7 @@ def test_no_request_succeeded_exits_nonzero_with_one_line(tmp_path, capsys):
     assert code == 1, err
     (line,) = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert "no request succeeded (4 failed, e.g. http 500" in line
-    (run,) = json.loads((out / "results.json").read_text())["runs"]  # results still written
+    (run,) = load_with_records(out / "results.json")["runs"]  # results still written
     assert run["summary"]["failed"] == 4
 
 
@@ -212,7 +213,7 @@ def test_one_side_with_no_success_fails_the_run(tmp_path, capsys):
             (line,) = [ln for ln in err.splitlines() if ln.startswith("error:")]
             assert "openai [ngram]: no request succeeded (4 failed, e.g. http 422" in line
             assert "baseline" not in line
-            runs = json.loads((out / "results.json").read_text())["runs"]
+            runs = load_with_records(out / "results.json")["runs"]
             assert sorted(r["summary"]["completed"] for r in runs) == [0, 4]
             assert "ngram" in (out / "summary.md").read_text()
 
@@ -230,7 +231,7 @@ def test_engine_that_cannot_start_exits_nonzero(tmp_path, capsys):
         assert (out / "results.json").exists()
         code, out = run_harness(tmp_path, url, 4, "--served-model", "fake-model")
     assert code == 0, capsys.readouterr().err
-    (run,) = json.loads((out / "results.json").read_text())["runs"]
+    (run,) = load_with_records(out / "results.json")["runs"]
     assert run["summary"]["completed"] == 4
     assert "answered 500" in run["engine_info"]["warnings"][0]
 
@@ -241,7 +242,7 @@ def test_a_server_whose_model_listing_fails_still_runs_with_served_model(tmp_pat
     with ServerThread(FakeServer(OK, models_reset=True)) as url:
         code, out = run_harness(tmp_path, url, 4, "--served-model", "fake-model")
         assert code == 0, capsys.readouterr().err
-        (run,) = json.loads((out / "results.json").read_text())["runs"]
+        (run,) = load_with_records(out / "results.json")["runs"]
         assert run["summary"]["completed"] == 4
         assert "/models does not answer" in run["engine_info"]["warnings"][0]
         code, out = run_harness(tmp_path, url, 4)
@@ -262,7 +263,7 @@ def test_ignore_eos_unsent_is_a_warning_and_extra_body_sends_it(tmp_path, capsys
             err = capsys.readouterr().err
             assert code == 0, err
             said, _ = caplog.text, caplog.clear()  # the warning's line (stderr outside pytest)
-            res = json.loads((out / "results.json").read_text())
+            res = load_with_records(out / "results.json")
             (run,) = res["runs"]
             bodies = [r.body for r in server.requests[sent:]]
             warned = [w for w in run["engine_info"]["warnings"] if "--ignore-eos not sent" in w]
@@ -293,7 +294,7 @@ def test_server_metrics_read_at_run_edges_unless_sampling_is_asked(tmp_path, cap
         with ServerThread(FakeServer(slow, metrics=page)) as url:
             code, out = run_harness(tmp_path, url, 8, "--concurrency", "2", *extra)
         assert code == 0, capsys.readouterr().err
-        (run,) = json.loads((out / "results.json").read_text())["runs"]
+        (run,) = load_with_records(out / "results.json")["runs"]
         load = run["extra"]["server_load"]
         assert load["sample_interval_s"] == interval
         # + 1 at start: --token-ids auto with one variant asks whether the server speculates
@@ -320,7 +321,7 @@ def test_token_ids_asked_only_when_the_run_compares_outputs(tmp_path, capsys):
             code, out = run_harness(tmp_path / name, url, 4, "--ignore-eos", *extra)
             assert code == 0, capsys.readouterr().err
             runs[name] = (
-                json.loads((out / "results.json").read_text()),
+                load_with_records(out / "results.json"),
                 out,
                 server.requests[sent:],
             )
@@ -368,7 +369,7 @@ def test_one_variant_on_a_speculating_server_asks_for_token_ids(tmp_path, capsys
     with ServerThread(server) as url:
         code, out = run_harness(tmp_path, url, 2, "--ignore-eos")
     assert code == 0, capsys.readouterr().err
-    (run,) = json.loads((out / "results.json").read_text())["runs"]
+    (run,) = load_with_records(out / "results.json")["runs"]
     assert run["engine_info"]["token_ids_asked"] is True
     assert run["engine_info"]["token_ids_decided"] == (
         "--token-ids auto: the server's /metrics shows spec-decode counters"

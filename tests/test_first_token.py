@@ -6,7 +6,6 @@ token inside the request is refused (the record's own check)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
 
 import pytest
@@ -15,6 +14,7 @@ from engines.base import Chunk, GenParams, Request
 from engines.openai.sse import FIRST_EVENT, TOKEN_CHUNK
 from harness.core.load import Concurrent
 from harness.core.records import RequestRecord
+from harness.core.records_file import load_with_records
 from harness.run.runner import Runner
 from tests.clock import FakeClock, ScriptedEngine
 from tests.fake_server import Behaviour, FakeServer
@@ -30,7 +30,7 @@ def test_a_one_token_answer_without_text_has_a_ttft_and_counts(tmp_path, capsys)
     with ServerThread(server) as url:
         code, out = run_harness(tmp_path, url, 6, "--concurrency", "2")
     assert code == 0, capsys.readouterr().err
-    (run,) = json.loads((out / "results.json").read_text())["runs"]
+    (run,) = load_with_records(out / "results.json")["runs"]
     records = {r["id"]: r for r in run["records"]}
     assert len(records) == 6 and all(r["ok"] for r in records.values())
     for i in range(6):

@@ -8,7 +8,6 @@ cases there in a child pytest and reports its summary; inside, the cases run."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench.ray_cluster import private_network, private_network_argv
+from harness.core.records_file import load_with_records
 from tests.fake_server import Behaviour, FakeServer
 from tests.test_client_workers import FIRST_S, ITL_S, TOKENS
 from tests.test_faults import ServerThread, run_harness
@@ -53,7 +53,7 @@ def _run(tmp_path: Path, url: str, n: int, *extra: str) -> dict:
     tmp_path.mkdir()
     code, out = run_harness(tmp_path, url, n, "--concurrency", "4", *extra)
     assert code == 0
-    return json.loads((out / "results.json").read_text())
+    return load_with_records(out / "results.json")
 
 
 def _server() -> FakeServer:

@@ -22,6 +22,7 @@ import pytest
 
 from engines.base import Capabilities, Chunk, GenParams, Request
 from harness.core.load import Concurrent
+from harness.core.records_file import load_with_records
 from harness.run.runner import CANCELLED, Runner
 from tests.clock import ScriptedEngine
 from tests.fake_server import Behaviour, FakeServer
@@ -88,7 +89,7 @@ def check_stopped(
     lines = (out / "journal.jsonl").read_text().splitlines()
     entries = [json.loads(line) for line in lines]  # every line whole
     journalled = [e["record"] for e in entries if e["kind"] == "record"]
-    res = json.loads((out / "results.json").read_text())
+    res = load_with_records(out / "results.json")
     assert res["status"] == f"interrupted ({name})"
     assert res["config"]["stop_grace_s"] == grace  # the plan holds the setting it ran with
     (run,) = res["runs"]
@@ -164,7 +165,7 @@ def test_sigterm_during_an_hf_generate_keeps_its_record(tmp_path, tiny_pair):
     entries = [json.loads(line) for line in journal.read_text().splitlines()]
     records = [e["record"] for e in entries if e["kind"] == "record"]
     assert records and records[-1]["error"] == CANCELLED, records
-    (run,) = json.loads((out / "results.json").read_text())["runs"]
+    (run,) = load_with_records(out / "results.json")["runs"]
     assert [r["error"] for r in run["records"]] == [r["error"] for r in records]
 
 
@@ -178,7 +179,7 @@ def test_max_error_rate_ends_like_a_signal(tmp_path, monkeypatch, capsys):
         code, out = run_harness(tmp_path, url, 40, "--concurrency", "2", "--max-error-rate", "0.2")
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err, err
-    res = json.loads((out / "results.json").read_text())
+    res = load_with_records(out / "results.json")
     assert res["status"].startswith("stopped: error rate")
     (run,) = res["runs"]
     entries = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]

@@ -13,6 +13,7 @@ import pytest
 
 from engines.servers.vllm_serve import VERSION_SHIM
 from harness.cli.main import main
+from harness.core.records_file import load_with_records
 from tests.servers import ServerPool
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +54,7 @@ def test_vllm_bench_result_joins_a_harness_result_in_compare(server, tmp_path, c
          "--metadata", "who=harness"]
     )  # fmt: skip
     assert code == 0, capsys.readouterr().err
-    hres = json.loads((out / "results.json").read_text())
+    hres = load_with_records(out / "results.json")
     recs = {r["id"]: r for r in hres["runs"][0]["records"]}
     # the same prompts: vLLM's random dataset and the harness's, same seed, same tokenizer
     assert [recs[str(i)]["prompt_tokens"] for i in range(12)] == vres["input_lens"]

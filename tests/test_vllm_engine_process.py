@@ -4,7 +4,6 @@ alive at once on V1 multiprocessing give the records of the in-process path."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from engines.vllm.process import ENV, engine_process_default
+from harness.core.records_file import load_with_records
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,7 @@ def _run(out: Path, mp: str) -> dict:
     ]  # fmt: skip
     proc = subprocess.run(argv, env=_env(**{ENV: mp}), capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads((out / "results.json").read_text())
+    return load_with_records(out / "results.json")
 
 
 @pytest.mark.slow

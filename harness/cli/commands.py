@@ -14,8 +14,22 @@ from harness.flags.options import Parser, UsageError, prices
 from harness.run.journal import atomic_write
 
 
-def load_results(path: str) -> dict[str, Any]:
-    """A harness results.json, or a ``vllm bench serve --save-result`` file turned into one."""
+def load_results(path: str, records: bool = False) -> dict[str, Any]:
+    """A harness results.json, or a ``vllm bench serve --save-result`` file turned into one;
+    with ``records``, each run's records in it (schema 4: read from its records file)."""
+    data = _load(path)
+    if not records or not data.get("records_file"):
+        return data
+    from harness.core.records_file import with_records
+
+    base = (Path(path) if Path(path).is_dir() else Path(path).parent).resolve()
+    try:
+        return with_records(data, base)
+    except (OSError, ValueError) as exc:  # pyarrow's errors are OSError or ValueError
+        raise UsageError(f"{base / data['records_file']}: records unreadable: {exc}") from None
+
+
+def _load(path: str) -> dict[str, Any]:
     from harness.report.vllm_json import read_vllm_file, to_results
 
     p = Path(path)
@@ -53,6 +67,8 @@ def load_results(path: str) -> dict[str, Any]:
         config = data.get("config") or {}
         runs = [with_config(r, config) for r in data["runs"]]
         return with_reading({**data, "runs": runs, "schema_version": SCHEMA_VERSION})
+    if version == 3:  # records in the runs (no records file): read as they are
+        return with_reading(data)
     if version != SCHEMA_VERSION:
         raise UsageError(
             f"{p}: results schema {version!r}; this version reads 1 to {SCHEMA_VERSION}"
@@ -174,7 +190,7 @@ def compare(argv: Sequence[str]) -> int:
     args = p.parse_args(argv)
     if len(args.results) < 2:
         raise UsageError("compare: give at least two results files")
-    files = [load_results(f) for f in args.results]
+    files = [load_results(f, records=True) for f in args.results]
     sessions = [_file_session(f) for f in files]
     _align_vllm_runs(files)
     prints = {f.get("workload", {}).get("fingerprint") for f in files} - {None}
@@ -214,7 +230,8 @@ def compare(argv: Sequence[str]) -> int:
         stopping=(files[0].get("design") or {}).get("stopping") if len(files) == 1 else None,
         prices=_prices(args.price_per_hour, files, _tags(args.results), runs),
     )
-    rest = {k: v for k, v in files[0].items() if k not in KEYS and k != "upgraded_from"}
+    drop = {"upgraded_from", "records_file"}  # the joined runs hold their records
+    rest = {k: v for k, v in files[0].items() if k not in KEYS and k not in drop}
     joined = {**rest, "runs": runs_json, **derived}
     for key in ("replay", "turns"):  # each file's own trace checks and turn tables, tagged
         joined[key] = [

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from harness.core.records_file import RECORDS_FILE, write_records
 from harness.core.results import SCHEMA_VERSION, Run, environment
 from harness.run.journal import atomic_write, new_session_id
 from harness.run.plan import RunPlan
@@ -104,7 +105,8 @@ def finalize(
         },
         "design": design,  # harness.core.design: which variant ran when, and the cache policy
         **(extra or {}),
-        "runs": [r.to_json(s) for r, s in zip(runs, summaries)],
+        "records_file": RECORDS_FILE,  # the per-request records (harness.core.records_file)
+        "runs": [r.to_json(s, records=False) for r, s in zip(runs, summaries)],
     }
     results |= analyze(
         runs,
@@ -125,6 +127,7 @@ def finalize(
 
         results["capacity"] = capacity_analysis(runs, plan.slo, plan.slo_quantile, plan.min_effect)
     results["not_run"] = [*results.get("not_run", []), *(skipped or [])]
+    write_records(out / RECORDS_FILE, runs)  # first: results.json names it
     atomic_write(out / "results.json", json.dumps(results, indent=1))
     write_views(results, out, plots=plan.plots, write=atomic_write)
     return results

@@ -167,9 +167,10 @@ async def _execute(
         extra={"plan": preview}, skipped=not_run,
     )  # fmt: skip
     if plan.save_vllm_json:
+        from harness.core.records_file import with_records
         from harness.report.vllm_json import export_dir
 
-        written = export_dir(results, out, plan.result_filename)
+        written = export_dir(with_records(results, out), out, plan.result_filename)
         print(f"[harness] vLLM bench result files: {written}", file=sys.stderr)
     if not interrupted:  # summary.md without its image links: a terminal shows none
         from harness.report.markdown import render

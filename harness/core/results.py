@@ -18,8 +18,9 @@ from harness.core.design import Slot
 from harness.core.records import RequestRecord
 
 # 2: the derived analysis is stored (harness/analysis/derived.py); 3: each run names its model and
-# temperature (in ``key`` too). Older files get them from their config on reading.
-SCHEMA_VERSION = 3
+# temperature (in ``key`` too). Older files get them from their config on reading. 4: records in
+# records.parquet (harness/core/records_file.py), named by ``records_file``, not in the runs.
+SCHEMA_VERSION = 4
 PACKAGES = ("torch", "transformers", "vllm")  # versions recorded in ``environment`` and shown
 # how the views name an engine in a sentence ("Is vLLM faster than HF?"); any other by its key
 DISPLAY_NAMES: dict[str, str] = {"hf": "HF", "vllm": "vLLM", "vllm-server": "the vLLM server"}
@@ -121,9 +122,11 @@ class Run:
     def counted(self) -> list[RequestRecord]:
         return [r for r in self.records if r.counted]
 
-    def to_json(self, summary: Mapping[str, Any]) -> dict[str, Any]:
+    def to_json(self, summary: Mapping[str, Any], records: bool = True) -> dict[str, Any]:
+        """The stored run; its records in it unless ``records`` is False (schema 4: they are in
+        the records file, and ``n_records`` says how many)."""
         c = self.cell
-        return {
+        out = {
             "key": c.key,
             "engine": c.engine,
             "model": c.model,
@@ -143,8 +146,11 @@ class Run:
             "extra": dict(self.extra),
             "summary": dict(summary),
             "spec_metrics": None if self.spec_metrics is None else dict(self.spec_metrics),
-            "records": [r.to_json(self.t0) for r in self.records],
+            "n_records": len(self.records),
         }
+        if records:
+            out["records"] = [r.to_json(self.t0) for r in self.records]
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Run:
