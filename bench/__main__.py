@@ -30,6 +30,7 @@ BENCHMARKS = {
     "sol": "bench.sol",
     "cost": "bench.cost",
     "workers": "bench.workers",
+    "soak": "bench.soak",
 }
 HERE = Path(__file__).resolve().parent
 ROUNDS_ENV = "BENCH_ROUNDS"

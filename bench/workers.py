@@ -30,7 +30,7 @@ WORKERS = (1, 2, 4)
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-class _QuietStub(StubServer):
+class QuietStub(StubServer):
     """The stub without its per-request send log (it would cost the stub CPU per request)."""
 
     def __init__(self, work: Path) -> None:
@@ -99,7 +99,7 @@ async def run(quick: bool) -> Result:
         sides += RAY_SIDES
     figures: dict[str, list[dict[str, float]]] = {s: [] for s in sides}
     with tempfile.TemporaryDirectory(prefix="bench-workers-") as work, contextlib.ExitStack() as st:
-        stub = _QuietStub(Path(work))
+        stub = QuietStub(Path(work))
         pools: dict[str, Any] = {}
         engine = None
         try:

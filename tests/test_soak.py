@@ -70,7 +70,7 @@ def _cpu_per_request(n: int, out: Path, capsys: pytest.CaptureFixture[str]) -> f
         "--engine", "instant", "--model", "tiny", "--dataset-name", "random",
         "--random-input-len", "16", "--random-output-len", str(TOKENS), "--num-prompts", str(n),
         "--mode", "throughput", "--concurrency", "64", "--repeats", "1", "--warmup", "0",
-        "--no-plots", "--quiet", "--max-error-rate", "0.5", "--out", str(out),
+        "--no-plots", "--quiet", "--max-error-rate", "0.5", "--output-dir", str(out),
     ]  # fmt: skip
     t = time.process_time()
     ran = run_harness(args, capsys)
