@@ -25,9 +25,16 @@ from harness.cli.preflight import (
     validate_configs,
     variant_servers,
 )
+from harness.core.records_file import RECORDS_FILE
 from harness.core.results import Run
 from harness.flags.options import UsageError
-from harness.run.journal import Journal, new_session_id, recorded_session, runs_from_journal
+from harness.run.journal import (
+    Journal,
+    compact,
+    new_session_id,
+    recorded_session,
+    runs_from_journal,
+)
 from harness.run.plan import PlanError, RunPlan
 from harness.run.runner import settle
 from harness.sizing.memory import Sizes
@@ -166,6 +173,8 @@ async def _execute(
         out, plan, workload, runs, status, design=design, session=session_id,
         extra={"plan": preview}, skipped=not_run,
     )  # fmt: skip
+    if status == "complete":  # each record once on disk: the journal keeps the rest
+        compact(out / "journal.jsonl", RECORDS_FILE)
     if plan.save_vllm_json:
         from harness.core.records_file import with_records
         from harness.report.vllm_json import export_dir

@@ -54,6 +54,31 @@ class Journal:
         self._f.close()
 
 
+RECORD_PREFIX = '{"kind": "record"'  # how Journal.write starts a record's line
+
+
+def compact(path: Path, records_file: str) -> int:
+    """After a finished run: the journal without its record entries (they are in
+    ``records_file``, beside it), ending with an entry naming that file, so that the output
+    directory holds each record once and ``--resume`` still rebuilds every run
+    (:func:`runs_from_journal`). Atomic (a temp file and a rename); the bytes it freed."""
+    before = path.stat().st_size
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out, path.open(encoding="utf-8") as f:
+            for line in f:
+                if not line.startswith(RECORD_PREFIX) and line.endswith("\n"):
+                    out.write(line)
+            out.write(json.dumps({"kind": "records_file", "file": records_file}) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return before - path.stat().st_size
+
+
 def read_journal(path: Path) -> Iterator[dict[str, Any]]:
     """The journal's entries; a torn last line (the process died mid-write) is skipped."""
     if not path.exists():
@@ -96,6 +121,7 @@ def runs_from_journal(path: Path) -> tuple[list[Run], set[str]]:
     ends: dict[str, dict[str, Any]] = {}
     config: dict[str, Any] = {}
     alias: dict[str, str] = {}  # the key as written -> the cell's key (the same since schema 3)
+    stored: str | None = None  # a compacted journal's records file (compact)
     for e in read_journal(path):
         key = alias.get(e.get("key"), e.get("key"))
         if e["kind"] == "config":
@@ -109,6 +135,14 @@ def runs_from_journal(path: Path) -> tuple[list[Run], set[str]]:
             recs[key].append(RequestRecord.from_json(e["record"]))
         elif e["kind"] == "end" and key in heads:
             ends[key] = e
+        elif e["kind"] == "records_file":
+            stored = e["file"]
+    if stored is not None:  # the records of the runs before the compaction
+        from harness.core.records_file import read_records
+
+        gone = [k for k, rs in recs.items() if not rs]
+        for k, rows in read_records(path.parent / stored, gone).items():
+            recs[k] = [RequestRecord.from_json(r) for r in rows]
     runs = []
     for key, head in heads.items():
         run = Run.from_json({**head, "records": []})
