@@ -51,13 +51,38 @@ def _schema() -> Any:
     )
 
 
-def _rows(runs: Sequence[Run]) -> Iterable[dict[str, Any]]:
+def _columns(runs: Sequence[Run]) -> Iterable[dict[str, list[Any]]]:
+    """The rows of ``runs`` as columns, ``BATCH`` rows at a time: each field read off the
+    record once (what :meth:`RequestRecord.to_json` writes, without a dict per record)."""
+    cols: dict[str, list[Any]] = {k: [] for k in ("key", *FIELDS, "info")}
+    (key, ids, send, prompt, out, ttft, e2e, itl, tokens, token_ids, usage, text, ok, error,
+     warmup, info) = cols.values()  # fmt: skip
     for run in runs:
-        key = run.cell.key
+        k, t0 = run.cell.key, run.t0
         for rec in run.records:
-            d = rec.to_json(run.t0)
-            d["key"], d["info"] = key, json.dumps(d["info"]) if d["info"] else None
-            yield d
+            times = rec.chunk_times
+            key.append(k)
+            ids.append(rec.request_id)
+            send.append(rec.t_send - t0)
+            prompt.append(rec.prompt_tokens)
+            out.append(rec.output_tokens)
+            ttft.append(times[0] - rec.t_send if times else None)
+            e2e.append(rec.t_end - rec.t_send)
+            itl.append([b - a for a, b in zip(times, times[1:])])
+            tokens.append(rec.chunk_tokens)
+            token_ids.append(rec.output_token_ids)
+            usage.append(rec.usage_output_tokens)
+            text.append(rec.output_text)
+            ok.append(rec.ok)
+            error.append(rec.error)
+            warmup.append(rec.warmup)
+            info.append(json.dumps(dict(rec.info)) if rec.info else None)
+            if len(key) >= BATCH:
+                yield cols
+                for col in cols.values():
+                    col.clear()
+    if key:
+        yield cols
 
 
 def write_records(path: Path, runs: Sequence[Run]) -> int:
@@ -67,33 +92,17 @@ def write_records(path: Path, runs: Sequence[Run]) -> int:
     import pyarrow.parquet as pq
 
     schema = _schema()
-    names = schema.names
     tmp = path.with_name(f".{path.name}.tmp")
     n = 0
     try:
         with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
-            batch: list[dict[str, Any]] = []
-            for row in _rows(runs):
-                batch.append(row)
-                if len(batch) >= BATCH:
-                    n += _flush(writer, batch, names, schema, pa)
-            n += _flush(writer, batch, names, schema, pa)
+            for cols in _columns(runs):
+                writer.write_table(pa.table(cols, schema=schema))
+                n += len(cols["key"])
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return n
-
-
-def _flush(
-    writer: Any, batch: list[dict[str, Any]], names: Sequence[str], schema: Any, pa: Any
-) -> int:
-    if not batch:
-        return 0
-    cols = {k: [row[k] for row in batch] for k in names}
-    writer.write_table(pa.table(cols, schema=schema))
-    n = len(batch)
-    batch.clear()
     return n
 
 
