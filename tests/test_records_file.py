@@ -29,7 +29,7 @@ def test_records_round_trip_through_the_file(tmp_path: Path) -> None:
     recs = (
         RequestRecord("a", 10.0, 10.5, (10.1, 10.2, 10.4), (1, 2, 1), (5, 6, 7, 8),
                       prompt_tokens=3, usage_output_tokens=4, output_text="x y",
-                      info={"turn": 2, "request_rate": 1.5}),
+                      info={"turn": 2, "request_rate": 1.5}, t_scheduled=9.9),
         RequestRecord("b", 10.2, 10.3, ok=False, error="HTTP 500"),
         RequestRecord("w", 9.0, 9.5, (9.2,), (1,), warmup=True),
     )  # fmt: skip

@@ -23,6 +23,7 @@ BATCH = 50_000  # rows per write: bounds the lists built for one batch
 FIELDS = (
     "id", "send_s", "prompt_tokens", "output_tokens", "ttft_s", "e2e_s", "itl_s", "chunk_tokens",
     "output_token_ids", "usage_output_tokens", "output_text", "ok", "error", "warmup",
+    "scheduled_s",
 )  # fmt: skip
 
 
@@ -46,6 +47,7 @@ def _schema() -> Any:
             ("ok", pa.bool_()),
             ("error", pa.string()),
             ("warmup", pa.bool_()),
+            ("scheduled_s", pa.float64()),
             ("info", pa.string()),
         ]
     )
@@ -56,7 +58,7 @@ def _columns(runs: Sequence[Run]) -> Iterable[dict[str, list[Any]]]:
     record once (what :meth:`RequestRecord.to_json` writes, without a dict per record)."""
     cols: dict[str, list[Any]] = {k: [] for k in ("key", *FIELDS, "info")}
     (key, ids, send, prompt, out, ttft, e2e, itl, tokens, token_ids, usage, text, ok, error,
-     warmup, info) = cols.values()  # fmt: skip
+     warmup, scheduled, info) = cols.values()  # fmt: skip
     for run in runs:
         k, t0 = run.cell.key, run.t0
         for rec in run.records:
@@ -76,6 +78,7 @@ def _columns(runs: Sequence[Run]) -> Iterable[dict[str, list[Any]]]:
             ok.append(rec.ok)
             error.append(rec.error)
             warmup.append(rec.warmup)
+            scheduled.append(None if rec.t_scheduled is None else rec.t_scheduled - t0)
             info.append(json.dumps(dict(rec.info)) if rec.info else None)
             if len(key) >= BATCH:
                 yield cols
