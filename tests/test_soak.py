@@ -11,6 +11,7 @@ its ~1 ms of client CPU per request makes 55,000 requests take 5-6 minutes on a 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 from collections.abc import AsyncIterator
@@ -72,6 +73,7 @@ def _cpu_per_request(n: int, out: Path, capsys: pytest.CaptureFixture[str]) -> f
         "--mode", "throughput", "--concurrency", "64", "--repeats", "1", "--warmup", "0",
         "--no-plots", "--quiet", "--max-error-rate", "0.5", "--output-dir", str(out),
     ]  # fmt: skip
+    gc.collect()  # the last run's garbage is not this one's cost
     t = time.process_time()
     ran = run_harness(args, capsys)
     cpu = time.process_time() - t
@@ -83,7 +85,10 @@ def _cpu_per_request(n: int, out: Path, capsys: pytest.CaptureFixture[str]) -> f
 
 def test_cost_per_request_does_not_grow_with_the_run(instant: None, tmp_path: Path, capsys) -> None:
     _cpu_per_request(500, tmp_path / "warm", capsys)  # imports, the tokenizer: once
-    short = _cpu_per_request(SHORT, tmp_path / "short", capsys)
+    # short, long, short: a change of the machine's load (a sibling hyperthread busy or not
+    # moves CPU time per unit of work by up to ~1.4x, seen once here) hits both sides alike
+    before = _cpu_per_request(SHORT, tmp_path / "short1", capsys)
     long = _cpu_per_request(LONG, tmp_path / "long", capsys)
+    short = (before + _cpu_per_request(SHORT, tmp_path / "short2", capsys)) / 2
     print(f"CPU per request: {short * 1e6:.0f} us at {SHORT}, {long * 1e6:.0f} us at {LONG}")
     assert long / short <= BOUND, f"{long / short:.2f}x the CPU per request at {LONG} as at {SHORT}"
