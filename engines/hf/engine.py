@@ -170,7 +170,31 @@ class HFEngine(Generation, Engine):
             "max_batch": self.max_batch(),
             "transformers": transformers.__version__,
             "torch": torch.__version__,
+            "resolved_config": self.resolved_config(spec),
         }
+
+    def resolved_config(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """What this lane runs with, read from the loaded model (harness.analysis.lanes diffs
+        the lanes): dtype, device, attention implementation, the generation config; the
+        method's generate() arguments under ``generation.spec.``."""
+        out: dict[str, Any] = {
+            "dtype": str(self.dtype).removeprefix("torch.") if self.dtype else self.config.dtype,
+            "device": self.device,
+            **{f"engine_args.{k}": str(v) for k, v in sorted(self.config.engine_args.items())},
+        }
+        model = self.model
+        if model is not None:
+            out["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
+            gen = getattr(model, "generation_config", None)
+            if gen is not None:
+                for k, v in sorted(gen.to_diff_dict().items()):
+                    if k != "transformers_version":
+                        out[f"generation.{k}"] = (
+                            v if isinstance(v, (int, float, str, bool)) else str(v)
+                        )
+        for k, v in sorted(spec.items()):
+            out[f"generation.spec.{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
+        return out
 
     def spec_counters(self) -> SpecCounters | None:
         if self.config.spec_config is None:

@@ -12,7 +12,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -29,13 +29,18 @@ from engines.base import (
     GenParams,
     SpecCounters,
 )
+from engines.common import vllm_async
 from engines.common.vllm_args import (
     CPU_DTYPE,
     check_draft_name,
     check_schedule,
+    check_suffix,
     cpu_defaults,
+    gpu_share,
     per_request_spec_metrics,
+    warn_version,
 )
+from engines.common.vllm_resolved import server_resolved
 from engines.openai import prom
 from engines.openai.engine import OpenAIEngine
 from engines.openai.flags import VLLMServerFlags
@@ -43,7 +48,9 @@ from engines.servers.process import ServerProcess, free_port, tail
 from workloads.base import Request
 
 # options of this engine; the rest of OPENAI_PASSTHROUGH reach the inner OpenAIEngine
-OPTIONS = ("log_path", "start_timeout", "kill_grace", "python")
+OPTIONS = (
+    "log_path", "start_timeout", "kill_grace", "python", "async_scheduling", "async_scheduling_why"
+)  # fmt: skip
 OPENAI_PASSTHROUGH = (
     "request_timeout", "endpoint", "max_concurrency", "extra_body", "token_ids", "token_ids_why",
     "ignore_eos",
@@ -101,6 +108,19 @@ class VLLMServerEngine(ServerProcess, VLLMServerFlags, Engine):
         device_memory="budget",
     )
 
+    run_flags: ClassVar[frozenset[str]] = VLLMServerFlags.run_flags | {"async_scheduling"}
+
+    @classmethod
+    def options_from(cls, flags: Mapping[str, Any], speculative: bool) -> dict[str, Any]:
+        return {**super().options_from(flags, speculative), **vllm_async.option(flags)}
+
+    @classmethod
+    def for_variants(
+        cls, configs: Sequence[tuple[str, EngineConfig]]
+    ) -> list[tuple[str, EngineConfig]]:
+        """Every server with one async-scheduling value (engines/common/vllm_async.py)."""
+        return vllm_async.for_lanes(list(configs), is_cpu_build())
+
     def __init__(self, config: EngineConfig) -> None:
         self.validate(config)
         self.config = config
@@ -134,6 +154,7 @@ class VLLMServerEngine(ServerProcess, VLLMServerFlags, Engine):
                 raise EngineError(f"vllm-server: unknown spec method {method!r}")
             check_schedule(config.spec_config, "vllm-server")
             check_draft_name(config.spec_config)
+            check_suffix(config.spec_config, "vllm-server")
         OpenAIEngine.validate(cls._inner_config(config, "http://127.0.0.1:1/v1"))
 
     def _env(self) -> dict[str, str]:
@@ -148,6 +169,7 @@ class VLLMServerEngine(ServerProcess, VLLMServerFlags, Engine):
         return env
 
     async def start(self) -> None:
+        warn_version()
         env = self._env()
         if self.log_path is None:
             self.log_path = self._temp_log()
@@ -181,6 +203,8 @@ class VLLMServerEngine(ServerProcess, VLLMServerFlags, Engine):
             "defaults_chosen": dict(self.defaults),
             "kill_grace_s": self.kill_grace,
             "kv_block_size": getattr(self, "kv_block_size", None),
+            # its arguments: the server resolves the rest in its own process, not read back
+            "resolved_config": server_resolved(self.args, self.cpu),
             **{k: v for k, v in inner.items() if k not in ("base_urls", "api_key_env")},
         }
 
@@ -261,10 +285,10 @@ class VLLMServerEngine(ServerProcess, VLLMServerFlags, Engine):
         args.setdefault("dtype", cfg.dtype)
         if cfg.prefix_cache == "off":
             args["enable_prefix_caching"] = False
-        if not self.cpu and cfg.memory_fraction is not None:  # the run's memory plan
-            args["gpu_memory_utilization"] = cfg.memory_fraction
-        elif not self.cpu and cfg.share > 1:  # servers alive at once split one GPU's memory
-            args["gpu_memory_utilization"] = round(0.9 / cfg.share, 3)
+        if not self.cpu and gpu_share(cfg) is not None:  # the memory plan, or the split
+            args["gpu_memory_utilization"] = gpu_share(cfg)  # (with kv_cache_memory_bytes too)
+        if isinstance(cfg.options.get("async_scheduling"), bool):  # one value, every server
+            args["async_scheduling"] = cfg.options["async_scheduling"]
         if cfg.tokenizer:
             args["tokenizer"] = cfg.tokenizer
         if cfg.spec_config is not None:
@@ -278,6 +302,7 @@ class VLLMServerEngine(ServerProcess, VLLMServerFlags, Engine):
         for reserved in ("host", "port", "model"):
             if reserved in args:
                 raise EngineError(f"{self.name}: engine_args.{reserved} is set by the harness")
+        self.args = args  # what it is started with (describe()'s resolved_config)
         serve = [python, "-m", "vllm.entrypoints.cli.main", "serve", cfg.model]
         return serve + ["--host", "127.0.0.1", "--port", str(self.port), *to_flags(args)]
 

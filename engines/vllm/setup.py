@@ -9,26 +9,43 @@ import dataclasses
 import difflib
 import gc
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from engines.base import EngineConfig, EngineError, GenParams, Request, new_tokens
+from engines.common import vllm_async
 from engines.common.local_model import missing_path
 from engines.common.vllm_args import (
     RESERVED,
     check_draft_name,
     check_schedule,
+    check_suffix,
     engine_kwargs,
     vllm_arg_names,
+    warn_version,
 )
+from engines.common.vllm_resolved import resolved_config
 
 
 class VLLMFlags:
     """What the run's flags and ``engine_args`` mean to the in-process engine: engine_args are
     ``EngineArgs`` fields; --max-model-len is the field of that name (``RunPlan.args_for``)."""
 
-    run_flags: ClassVar[frozenset[str]] = frozenset({"max_model_len"})
+    run_flags: ClassVar[frozenset[str]] = frozenset({"max_model_len", "async_scheduling"})
     engine_arg_names = staticmethod(vllm_arg_names)
+
+    @classmethod
+    def options_from(cls, flags: Mapping[str, Any], speculative: bool) -> dict[str, Any]:
+        return vllm_async.option(flags)
+
+    @classmethod
+    def for_variants(
+        cls, configs: Sequence[tuple[str, EngineConfig]]
+    ) -> list[tuple[str, EngineConfig]]:
+        """Every lane with one async-scheduling value (engines/common/vllm_async.py)."""
+        from vllm.platforms import current_platform
+
+        return vllm_async.for_lanes(list(configs), current_platform.is_cpu())
 
 
 def validate_config(config: EngineConfig, spec_methods: tuple[str, ...]) -> None:
@@ -51,6 +68,7 @@ def validate_config(config: EngineConfig, spec_methods: tuple[str, ...]) -> None
             raise EngineError(f"vllm: draft model path does not exist: {draft}")
         check_draft_name(spec)
         check_schedule(spec, "vllm")
+        check_suffix(spec, "vllm")
     bad = [k for k in config.engine_args if k in RESERVED]
     if bad:
         raise EngineError(f"vllm: set {bad[0]!r} through the engine config, not engine_args")
@@ -69,6 +87,7 @@ def build_llm(cfg: EngineConfig) -> tuple[Any, dict[str, Any], dict[str, Any], d
     on (dtype, context, prefix caching, workarounds applied), for describe()."""
     from vllm import LLM
 
+    warn_version()
     kwargs, defaults = engine_kwargs(cfg)
     patched = [p for p in [patch_kernel_rebinding()] if p]
     with cpu_threads(defaults), tokenizer_unpooled(patched):
@@ -90,6 +109,8 @@ def build_llm(cfg: EngineConfig) -> tuple[Any, dict[str, Any], dict[str, Any], d
         "max_model_len": mc.max_model_len,
         "enable_prefix_caching": bool(cc.enable_prefix_caching),
         "kv_block_size": cc.block_size,  # the prefix cache's unit (a replay's hits round to it)
+        # what the engine resolved, read back (harness.analysis.lanes diffs the lanes)
+        "resolved_config": resolved_config(llm.llm_engine.vllm_config),
     }
     if patched:
         facts["workarounds"] = patched

@@ -17,7 +17,8 @@ comparison pass through untouched. Layout::
     engines       each engine's baseline against the first engine's ("is vLLM faster than HF?")
     warnings      what changes the reading: degenerate outputs, outputs not identical to the
                   baseline, unstable points, concurrency not reached, cells not run, a
-                  client that fell behind its schedule (harness.analysis.schedule)
+                  client that fell behind its schedule (harness.analysis.schedule), lanes
+                  of one engine that differ in more than what is compared (harness.analysis.lanes)
     cost, energy  per speculative candidate and point: its cost (``--price-per-hour``) and
                   energy per output token against its own engine's baseline, candidate over
                   baseline with the CI (harness.analysis.cost_energy); empty when unpriced or
@@ -36,6 +37,7 @@ from harness.analysis.clocks import clock_warnings
 from harness.analysis.comparisons.sequential import rule_of
 from harness.analysis.cost_energy import answer_entries
 from harness.analysis.distributions import distributions
+from harness.analysis.lanes import lane_warnings
 from harness.analysis.schedule import behind_warnings
 from harness.core.results import Run
 
@@ -211,9 +213,11 @@ def answer(
     crossover: Sequence[Mapping[str, Any]],
     not_run: Sequence[Mapping[str, Any]],
     sequential: bool = False,
+    lanes: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """The stored answer block (see the module docstring); ``sequential``: the comparisons'
-    intervals are the sequential design's (harness.analysis.comparisons.sequential)."""
+    intervals are the sequential design's (harness.analysis.comparisons.sequential); ``lanes``:
+    the stored ``lane_differences`` (harness.analysis.lanes)."""
     order = variant_order(rows)
     deciding = [c for c in comps if c.get("decides")]
     spec = [_entry(c) for c in deciding if _same_engine(c) and c["baseline"] != c["candidate"]]
@@ -248,7 +252,7 @@ def answer(
         "engines": _ordered(engines, order),
         "cost": _ordered(answer_entries(rows, comps, "cost"), order),
         "energy": _ordered(answer_entries(rows, comps, "energy"), order),
-        "warnings": _warnings(rows, checks, not_run),
+        "warnings": [*_warnings(rows, checks, not_run), *lane_warnings(lanes)],
         "blocks": blocks_run(rows, sequential),
     }
 
@@ -268,6 +272,7 @@ def answer_of(results: Mapping[str, Any], sequential: bool | None = None) -> dic
         results.get("crossover") or [],
         results.get("not_run") or [],
         is_sequential(results) if sequential is None else sequential,
+        results.get("lane_differences") or [],
     )
 
 

@@ -9,6 +9,7 @@ Layout (each list in a stable order that the markdown follows):
 * ``comparisons``: paired comparisons (:func:`harness.analysis.comparisons.paired.comparisons`), each with its ``id``;
 * ``lossless``: the output check of each compared pair at each point;
 * ``theory``, ``crossover``, ``speed_of_light``, ``not_run``;
+* ``lane_differences``: each pair of one engine's lanes, diffed (:mod:`harness.analysis.lanes`);
 * ``answer``: the answer block read first (:mod:`harness.analysis.answer`);
 * ``distributions``: latency quantiles per configuration and point, for the plots.
 """
@@ -24,6 +25,7 @@ from harness.analysis.comparisons.pooled import point_key, pooled
 from harness.analysis.comparisons.sequential import rule_of
 from harness.analysis.comparisons.stats import PERCENTILES, summarize
 from harness.analysis.cost_energy import add_cost_energy
+from harness.analysis.lanes import lane_differences
 from harness.analysis.sanity import lossless
 from harness.analysis.schedule import schedule_latencies
 from harness.analysis.theory.crossover import crossover
@@ -42,6 +44,7 @@ KEYS = (
     "categories",
     "answer",
     "distributions",
+    "lane_differences",
 )
 
 
@@ -116,6 +119,7 @@ def analyze(
         "not_run": _not_run(runs),
         # request id -> category (the workload's): Spec-Bench's per-category table
         "categories": category_tables(runs, categories or {}, min_effect=min_effect, rule=rule),
+        "lane_differences": lane_differences(runs),
     }
     return out | reading(out, runs, sequential=rule is not None)
 

@@ -74,7 +74,7 @@ def plan_before_loading(
     if dry_run:
         print(render(view, plan), file=sys.stdout)
     elif plan.progress:
-        for line in [*said, *download_lines(view), *not_run_lines(view)]:
+        for line in [*said, *view.settings, *download_lines(view), *not_run_lines(view)]:
             print(f"[harness] {line}", file=sys.stderr)
     try:
         check_fit(view)
@@ -106,7 +106,7 @@ def render(view: Preview, plan: RunPlan) -> str:
     if d.total_bytes:
         lines.append(f"  device: {d.name} ({d.kind}), {gib(d.total_bytes)}")
     lines.append(f"  dtype: {view.dtype} ({view.dtype_why})")
-    lines += [f"  {line}" for line in view.device_defaults]
+    lines += [f"  {line}" for line in [*view.device_defaults, *view.settings]]
     by_engine = plan.engine_args_by_engine
     lines.append(f"  engine args: {describe(by_engine, plan.engine_args)}")
     if plan.max_model_len is not None:

@@ -281,6 +281,14 @@ def _statistics_and_output(p: argparse.ArgumentParser) -> None:
         help="prefix cache of vLLM engines: reset before every measured run (default), off "
         "(disabled), keep (never reset: repeats hit what earlier runs cached)",
     )
+    r.add_argument(
+        "--async-scheduling",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="vLLM's async scheduling, one value for every vLLM lane (left to vLLM it differs "
+        "per method on a GPU): auto (default: on where every lane's method supports it on this "
+        "platform, else off for all; off on CPU), on (refused with ngram, suffix), off",
+    )
     r.add_argument("--no-plots", action="store_true", help="do not draw PNG plots")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
 

@@ -230,6 +230,7 @@ def engine_options(
         "model_named": getattr(args, "model_named", False),
         "ignore_eos": args.ignore_eos,
         "extra_body": json_arg("--extra-body", getattr(args, "extra_body", None)),
+        "async_scheduling": getattr(args, "async_scheduling", "auto"),
     }
     flags["token_ids"], flags["token_ids_why"] = _token_ids(
         getattr(args, "token_ids", "auto"), compares or speculative

@@ -136,6 +136,17 @@ def warning_line(w: Mapping[str, Any], lengths: int = 1) -> str:
             f"{w['client_queue_p99_s'] * 1e3:.1f} ms, max {w['client_queue_max_s'] * 1e3:.1f} ms): "
             "users waited longer than the latency from the send says"
         )
+    if kind == "lane difference":
+        shown = "; ".join(f"{d['key']} {d['a']!r} vs {d['b']!r}" for d in w["differences"])
+        more = (
+            f" (+{w['count'] - len(w['differences'])} more)"
+            if w["count"] > len(w["differences"])
+            else ""
+        )
+        return (
+            f"{w['name']} vs {w['baseline']}: the lanes differ in more than what is compared: "
+            f"{shown}{more}: the comparison measures that too (results.json lane_differences)"
+        )
     if kind == "not run":
         return f"not run at {where(w, lengths)}: {', '.join(w['names'])} ({w['status']})"
     return f"{w.get('name', '')}: {kind}"

@@ -60,6 +60,7 @@ class Preview:
     not_run: list[dict[str, str]] = field(default_factory=list)
     device_defaults: list[str] = field(default_factory=list)  # flags the device set (CUDA)
     downloads: list[dict[str, Any]] = field(default_factory=list)  # hub models (harness.sizing.hub)
+    settings: list[str] = field(default_factory=list)  # set alike for every lane (said first)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -77,7 +78,19 @@ class Preview:
             "memory": None if self.memory is None else self.memory.to_json(),
             "device_defaults": self.device_defaults,
             "downloads": self.downloads,
+            "settings": self.settings,
         }
+
+
+def equal_settings(configs: Sequence[tuple[str, EngineConfig]]) -> list[str]:
+    """What is set alike for every lane of an engine because the engine would choose it per
+    method (vLLM's async scheduling: engines/common/vllm_async.py), one line per engine."""
+    out: dict[str, str] = {}
+    for _, c in configs:
+        why = c.options.get("async_scheduling_why")
+        if why and c.engine not in out:
+            out[c.engine] = f"{c.engine}: async scheduling {why}"
+    return list(out.values())
 
 
 def not_run(plan: RunPlan, engine_methods: Mapping[str, Sequence[str]]) -> list[dict[str, str]]:
@@ -124,6 +137,7 @@ def preview(
     points = list(plan.points())
     out = Preview(device, plan.resolved_dtype or plan.dtype, dtype_why, design)
     out.not_run = not_run(plan, engine_methods)
+    out.settings = equal_settings(configs)
     blocks = plan.repeats if per_block else 1
     out.builds_per_block = [len(built)] * blocks
     longest_prompt = max((_prompt_tokens(r) for r in requests), default=0)
