@@ -17,7 +17,9 @@ from typing import Any
 from engines.base import EngineConfig, engine_class
 from harness.sizing.model_size import ConfigUnavailable, ModelSize, gib, model_size, read_config
 
-USABLE = 0.9  # vLLM's default gpu_memory_utilization: the rest is left to the driver
+# the plan's usable share of the device: a little under vLLM's own default gpu_memory_utilization
+# (0.92 at 0.32: engines.common.vllm_args.VLLM_DEFAULT_UTILIZATION), the rest left to the driver
+USABLE = 0.9
 # estimates (stated in the plan): activations + CUDA context of a process that loads weights,
 # and a vLLM engine's activations, sampler and CUDA-graph pools beyond its weights and KV
 SHARED_OVERHEAD = 1 << 30
