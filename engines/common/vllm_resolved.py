@@ -92,9 +92,18 @@ def resolved_config(vllm_config: Any) -> dict[str, Any]:
     return {k: out[k] for k in sorted(out) if k not in MEASURED}
 
 
+def secret(key: str) -> bool:
+    """Whether an argument holds a credential (never recorded)."""
+    return key.endswith(("_key", "_token", "password")) and not key.startswith("max_")
+
+
 def server_resolved(args: Mapping[str, Any], cpu: bool) -> dict[str, Any]:
     """A managed ``vllm serve``'s settings as far as the harness knows them: the arguments it
-    was started with (its own resolution happens in its process and is not read back)."""
-    out = {f"args.{k}": plain(v) if plain(v) is not None else str(v) for k, v in args.items()}
+    was started with (its own resolution happens in its process and is not read back); a
+    secret (``api_key``, ``hf_token``, ...) as ``***``."""
+    out = {
+        f"args.{k}": "***" if secret(k) else (plain(v) if plain(v) is not None else str(v))
+        for k, v in args.items()
+    }
     out["args.platform"] = "cpu" if cpu else "cuda"
     return dict(sorted(out.items()))
