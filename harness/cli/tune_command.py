@@ -155,12 +155,26 @@ def main(argv: Sequence[str]) -> int:
         ks = tuple(sorted(set(args.tune_k)))
         configs = {m: _spec_config(plan, m, max(ks)) for m in methods}
         methods = [m for m in methods if configs[m] is not None]
+        plan = _one_async_value(plan, engines[0], [configs[m] for m in methods])
         for m in methods:
             engine_class(engines[0]).validate(_engine_config(plan, configs[m]))
     except (UsageError, PlanError, EngineError, WorkloadError) as exc:
         raise UsageError(str(exc)) from None
     settings = Settings(tolerance=args.min_effect, max_rounds=args.max_rounds, seed=args.seed)
     return asyncio.run(_run(args, plan, workload, out, {m: ks for m in methods}, settings, started))
+
+
+def _one_async_value(plan: RunPlan, engine: str, specs: list[Mapping[str, Any] | None]) -> RunPlan:
+    """vLLM's async scheduling resolved once for every arm and the baseline (``--async-scheduling``:
+    engines/common/vllm_async.py), as a run resolves it for its lanes."""
+    if "async_scheduling" not in (plan.options.get(engine) or {}):
+        return plan
+    lanes = [(str(i), _engine_config(plan, s)) for i, s in enumerate([None, *specs])]
+    options = dict(engine_class(engine).for_variants(lanes)[0][1].options)
+    if plan.progress and options.get("async_scheduling_why"):
+        print(f"[harness] {engine}: async scheduling {options['async_scheduling_why']}",
+              file=sys.stderr)  # fmt: skip
+    return replace(plan, options={**plan.options, engine: options})
 
 
 def _spec_config(plan: RunPlan, method: str, k: int) -> dict[str, Any] | None:
