@@ -165,8 +165,7 @@ def main(argv: Sequence[str]) -> int:
 
 
 def _one_async_value(plan: RunPlan, engine: str, specs: list[Mapping[str, Any] | None]) -> RunPlan:
-    """vLLM's async scheduling resolved once for every arm and the baseline (``--async-scheduling``:
-    engines/common/vllm_async.py), as a run resolves it for its lanes."""
+    """``--async-scheduling`` resolved once for the baseline and every arm, as for a run's lanes."""
     if "async_scheduling" not in (plan.options.get(engine) or {}):
         return plan
     lanes = [(str(i), _engine_config(plan, s)) for i, s in enumerate([None, *specs])]
