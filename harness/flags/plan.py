@@ -215,8 +215,7 @@ def engine_options(
     they mean is the engine's: ``Engine.options_from``); --base-url only where one takes it.
     ``compares``: the run compares outputs (several variants or engines), so ``--token-ids
     auto`` asks for the ids."""
-    # vLLM's bench serve server root (http://host:8000) means .../v1 here
-    urls = [api_root(u) for u in args.base_url] if args.base_url else None
+    urls = [api_root(u) for u in args.base_url] if args.base_url else None  # vLLM bench's root: /v1
     flags = {
         "base_url": urls,
         "variant_urls": variant_urls(urls),
