@@ -340,9 +340,9 @@ def test_help_states_the_defaults_the_plan_uses():
 
 
 def test_vllm_bench_names_mean_the_same():
+    from harness.flags.inputs import resolve_dataset
     from harness.flags.options import goodput as _goodput
     from harness.flags.parser import build_parser
-    from harness.flags.plan import resolve_dataset
 
     args = build_parser().parse_args(
         [

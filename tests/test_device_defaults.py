@@ -8,8 +8,9 @@ import pytest
 
 from harness.cli.device_defaults import follow_device
 from harness.cli.main import main
+from harness.flags.inputs import model_names
 from harness.flags.parser import build_parser
-from harness.flags.plan import build_plan, model_names
+from harness.flags.plan import build_plan
 from harness.sizing.memory import Device
 
 CPU = Device("cpu", "host memory", 24 * 2**30)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from harness.cli.main import main
+from harness.flags.inputs import model_names
 from harness.flags.parser import build_parser
-from harness.flags.plan import build_plan, model_names
+from harness.flags.plan import build_plan
 
 
 def plan_of(*argv: str):

@@ -37,9 +37,10 @@ def test_every_side_refuses_the_same_missing_path(tmp_path: Any) -> None:
     """The CLI, the HF engine and in-process vLLM agree: ``a/b/c`` is a missing path."""
     from engines.hf.engine import HFEngine
     from engines.vllm.engine import VLLMEngine
+    from harness.flags.inputs import resolve_models
     from harness.flags.options import UsageError
     from harness.flags.parser import build_parser
-    from harness.flags.plan import build_plan, resolve_models
+    from harness.flags.plan import build_plan
 
     for cls in (HFEngine, VLLMEngine):
         with pytest.raises(EngineError, match="a/b/c"):

@@ -10,8 +10,9 @@ from typing import Any
 
 from engines.hf import models as hf_models
 from harness.cli.preflight import engine_methods
+from harness.flags.inputs import model_names
 from harness.flags.parser import build_parser
-from harness.flags.plan import build_plan, model_names
+from harness.flags.plan import build_plan
 from harness.run.session import Session
 from workloads import load_workload
 

@@ -151,8 +151,9 @@ def plan_json(models: dict[str, str], *extra: str) -> dict[str, Any]:
 
     from harness.cli.plan_view import resolve_device_and_dtype
     from harness.cli.preflight import engine_methods
+    from harness.flags.inputs import model_names
     from harness.flags.parser import build_parser
-    from harness.flags.plan import build_plan, model_names
+    from harness.flags.plan import build_plan
     from harness.sizing.memory import Sizes
     from harness.sizing.preview import preview
     from workloads import load_workload

@@ -16,8 +16,9 @@ from engines.base import Chunk, EngineConfig, EngineError, GenParams
 from engines.common.local_model import counting_tokenizer
 from engines.openai.engine import OpenAIEngine
 from engines.openai.server_info import is_vllm, listed_models, pick_model
+from harness.flags.inputs import needs_local_models
 from harness.flags.parser import build_parser
-from harness.flags.plan import build_plan, needs_local_models
+from harness.flags.plan import build_plan
 from tests.fake_server import Behaviour, FakeServer, render_metrics
 from tests.test_faults import ServerThread, workload
 from workloads.base import Request

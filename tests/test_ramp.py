@@ -94,8 +94,9 @@ def test_slo_runs_a_fixed_number_of_repeats_under_the_sequential_default(given, 
     """A comparison defaults to the sequential design, whose --repeats is None: --slo's CI is
     over repeats, so it runs a fixed n (3 unless --repeats), said in the dry-run plan."""
     from harness.cli.plan_view import repeats_line
+    from harness.flags.inputs import model_names
     from harness.flags.parser import build_parser
-    from harness.flags.plan import build_plan, model_names
+    from harness.flags.plan import build_plan
 
     args = build_parser().parse_args(
         ["--engine", "vllm", "--spec", "ngram", "--model", "tiny", "--slo", "ttft:2000", *given]

@@ -58,8 +58,9 @@ def test_the_committed_head_is_in_vllms_layout_and_small() -> None:
 
 
 def test_tiny_eagle3_is_a_name_and_the_companion_of_tiny() -> None:
+    from harness.flags.inputs import model_names, resolve_models
     from harness.flags.parser import build_parser
-    from harness.flags.plan import build_plan, model_names, resolve_models
+    from harness.flags.plan import build_plan
 
     assert models.resolve_model("tiny:eagle3") == str(models.tiny_path("eagle3"))
     assert models.companion("tiny", "eagle3") == "tiny:eagle3"

@@ -7,7 +7,8 @@ import json
 
 from harness.cli.tune_command import _spec_config, parser
 from harness.cli.tune_variants import tuned_methods
-from harness.flags.plan import build_plan, model_names
+from harness.flags.inputs import model_names
+from harness.flags.plan import build_plan
 
 VLLM_METHODS = ("draft_model", "ngram", "eagle", "eagle3", "mtp", "suffix")
 

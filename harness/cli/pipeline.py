@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING
 
 from engines.base import EngineConfig, engine_class
 from harness.cli.preflight import output_dir
-from harness.flags.options import UsageError
-from harness.flags.plan import (
-    build_plan,
+from harness.flags.inputs import (
     load_dataset,
     model_names,
     needs_local_models,
     resolve_dataset,
     resolve_models,
 )
+from harness.flags.options import UsageError
+from harness.flags.plan import build_plan
 from harness.flags.workload import with_workload
 from harness.run.plan import RunPlan
 
