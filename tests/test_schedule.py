@@ -254,3 +254,39 @@ def test_goodput_judges_from_the_schedule_and_one_token_passes_tpot() -> None:
     good = summarize(records, {"e2e": 50.0})["goodput"] * duration
     assert round(good) == len(records) - held
     assert summarize(records, {"tpot": 0.001})["goodput"] * duration == pytest.approx(len(records))
+
+
+def test_requests_due_but_not_sent_by_the_end_are_recorded() -> None:
+    """Poisson 100 req/s through a client capped at one in flight, 20 ms a request, --duration
+    1 s (the fake clock): about 95 requests are due before the end, the client sends about 50.
+    Every one due gets a record: the unsent ones failed with the reason and their schedule, the
+    summary counts them, the client-behind warning names them."""
+    from harness.analysis.capacity.slo import probe_entry
+    from harness.core.records import NOT_SENT
+    from tests.clock import ScriptedEngine
+
+    strategy = Poisson(RATE, seed=3, max_concurrency=1)
+    clock = DeadlineClock()
+    reqs = [Request(str(i), "x") for i in range(400)]
+    engine = ScriptedEngine(clock, {r.id: [(0.02, 1)] for r in reqs})
+    runner = Runner(engine, clock=clock, sleep=clock.sleep)
+    t0 = clock.now
+    records = asyncio.run(runner.run(reqs, GenParams(), strategy, duration=1.0, t0=t0))
+    due = sum(off < 1.0 for off in strategy.offsets(len(reqs)))
+    unsent = [r for r in records if r.error == NOT_SENT]
+    sent = [r for r in records if r.ok]
+    assert 80 <= due <= 110 and len(records) == due, (due, len(records))
+    assert len(sent) + len(unsent) == due and 40 <= len(sent) <= 55
+    assert all(not r.ok and r.t_scheduled < t0 + 1.0 <= r.t_send for r in unsent)
+    assert {r.request_id for r in records} == {str(i) for i in range(due)}
+    out = _analysis(tuple(records), strategy.to_json())
+    (row,) = out["rows"]
+    assert row["summary"]["not_sent"] == 3 * len(unsent)  # three repeats pooled
+    (warn,) = [w for w in out["answer"]["warnings"] if w["kind"] == "client behind"]
+    assert warn["not_sent"] == 3 * len(unsent)
+    assert f"{3 * len(unsent)} requests due were not sent" in warning_line(warn)
+    run = Run(Cell("scripted", "baseline", "throughput", strategy.to_json(), 1, 0, "w"), None,
+              tuple(records))  # fmt: skip
+    probe = probe_entry(run, {"e2e": 1000.0}, 0.9)  # every request sent took well under 1 s
+    assert probe["not_sent"] == len(unsent) and probe["attainment"] <= len(sent) / due + 1e-9
+    assert probe["margin"] > 0 > probe["margin_from_send"]  # the unsent miss it

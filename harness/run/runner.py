@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from engines.base import Chunk, Clock, Engine, GenParams, Request, UnsupportedError
 from harness.core.load import LoadStrategy, scheduled
-from harness.core.records import RequestRecord
+from harness.core.records import NOT_SENT, RequestRecord
 
 OnRecord = Callable[[RequestRecord], None]
 CANCELLED = "cancelled at stop"  # the error of a request still in flight when the grace ended
@@ -202,6 +202,7 @@ class Runner:
                     slots.release()
 
         watch = asyncio.ensure_future(self._cancel_at_stop(tasks))
+        unsent: list[RequestRecord] = []
         try:
             end = None if duration is None else t0 + duration
             for i, (req, offset) in enumerate(zip(requests, offsets)):
@@ -217,6 +218,8 @@ class Runner:
                 if self.should_stop() or (end is not None and self.clock() >= end):
                     if slots is not None:
                         slots.release()
+                    if open_loop and end is not None and not self.should_stop():
+                        unsent = self._not_sent(requests, offsets, i, t0, end, warmup)
                     break
                 t_send = self.clock()
                 rate = None if rates is None else rates[i]
@@ -236,7 +239,26 @@ class Runner:
                 for i, (t, (req, t_send, due)) in enumerate(zip(tasks, sent))
                 if t.cancelled()  # cancelled before it ran: its record is made here
             }
-        return [made[i] if i in made else t.result() for i, t in enumerate(tasks)]
+        return [made[i] if i in made else t.result() for i, t in enumerate(tasks)] + unsent
+
+    def _not_sent(
+        self, requests: Sequence[Request], offsets: Sequence[float], first: int, t0: float,
+        end: float, warmup: bool,
+    ) -> list[RequestRecord]:  # fmt: skip
+        """Requests ``first``.. due before ``end`` that the client still held when the run
+        ended: each a failed record (:data:`NOT_SENT`) with its schedule, sent and ended when
+        the runner gave up (its client queue is the whole wait), so no due request vanishes."""
+        now = self.clock()
+        out = []
+        for j in range(first, len(offsets)):
+            if t0 + offsets[j] >= end:
+                break  # offsets ascend: the rest were not due
+            rec = RequestRecord(
+                requests[j].id, now, now, ok=False, error=NOT_SENT, warmup=warmup,
+                t_scheduled=t0 + offsets[j],
+            )  # fmt: skip
+            out.append(self._emit(rec))
+        return out
 
     async def _cancel_at_stop(self, tasks: list[asyncio.Task[RequestRecord]]) -> None:
         """Once the stop's grace is over, cancel the requests in flight: each records itself as
