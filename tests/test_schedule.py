@@ -152,13 +152,35 @@ def test_a_closed_loop_has_no_schedule() -> None:
 
 
 def test_which_loads_have_a_schedule() -> None:
-    from harness.core.load import Constant, Synchronous, scheduled
+    """One rule (core.load.open_loop) on a strategy and on its stored form alike: a rate, a
+    capped rate, a ramp, a trace (and vllm bench's rate) are open loops; one at a time and a
+    closed loop are not. Every reader follows it: the deciding metric at an open loop is E2E
+    (a ramp too: the load controls the arrivals, DESIGN rule 5), and the tables read what the
+    analysis stored (``open_loop``), not the load's keys."""
+    from harness.analysis.comparisons.paired import deciding_metric
+    from harness.core.load import Constant, Synchronous, open_loop
     from harness.core.ramp import Ramp
     from harness.core.replay import TraceReplay
+    from harness.report.vllm_json import to_run
 
-    assert all(map(scheduled, (Constant(2.0), Poisson(2.0, max_concurrency=1))))
-    assert scheduled(Ramp("linear", 1.0, 5.0)) and scheduled(TraceReplay((0.0, 1.0)))
-    assert not scheduled(Synchronous()) and not scheduled(Concurrent(4))
+    opens = (Constant(2.0), Poisson(2.0, max_concurrency=1), Ramp("linear", 1.0, 5.0),
+             TraceReplay((0.0, 1.0)))  # fmt: skip
+    for s, want in [*((s, True) for s in opens), (Synchronous(), False), (Concurrent(4), False)]:
+        assert open_loop(s) is want and open_loop(s.to_json()) is want, s
+        mode = "latency" if isinstance(s, Synchronous) else "throughput"
+        assert deciding_metric(mode, s.to_json()) == ("e2e" if want else "output_tok_s"), s
+    vllm = {"completed": 1, "duration": 1.0, "output_throughput": 1.0, "backend": "x"}
+    assert open_loop(to_run({**vllm, "request_rate": 4.0})["load"])
+    assert not open_loop(to_run({**vllm, "max_concurrency": 4})["load"])
+    records = _records(Poisson(RATE, seed=3), n=40)
+    out = _analysis(records, Poisson(RATE, seed=3).to_json())
+    row = out["rows"][0]
+    assert row["open_loop"] is True
+    (queue,) = [c for c in MAIN if c.name == "queue_p99"]
+    closed = {**row, "summary": {}, "open_loop": False}  # what the analysis said, not the load
+    assert queue.fmt(queue.get(Line(closed))) == "closed loop: no schedule"
+    old = {k: v for k, v in row.items() if k != "open_loop"}  # a file before the key: n/a
+    assert queue.fmt(queue.get(Line({**old, "summary": {}}))) == "n/a"
 
 
 def test_the_schedule_survives_the_record_json() -> None:

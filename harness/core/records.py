@@ -9,6 +9,8 @@ from typing import Any
 # The error of an open-loop request due before a --duration run's end that the client never sent
 # (a full --max-concurrency, a blocked loop): a failed record with its schedule, never dropped
 NOT_SENT = "not sent by the end: client behind"
+# what a from-schedule figure of a closed loop (harness.core.load.open_loop false) says
+NO_SCHEDULE = "closed loop: no schedule"
 
 
 @dataclass(frozen=True, slots=True)  # slots: a million of them in a soak run (issue 38)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engines.base import Chunk, Clock, Engine, GenParams, Request, UnsupportedError
-from harness.core.load import LoadStrategy, scheduled
+from harness.core.load import LoadStrategy, open_loop
 from harness.core.records import NOT_SENT, RequestRecord
 
 OnRecord = Callable[[RequestRecord], None]
@@ -188,7 +188,7 @@ class Runner:
         rates = strategy.rates(len(requests)) if hasattr(strategy, "rates") else None
         slots = asyncio.Semaphore(strategy.max_concurrency) if strategy.max_concurrency else None
         t0 = self.clock() if t0 is None else t0
-        open_loop = scheduled(strategy)  # the offsets are due instants: records keep them
+        due_at = open_loop(strategy)  # the offsets are due instants: records keep them
         tasks: list[asyncio.Task[RequestRecord]] = []
         sent: list[tuple[Request, float, float | None]] = []
 
@@ -218,12 +218,12 @@ class Runner:
                 if self.should_stop() or (end is not None and self.clock() >= end):
                     if slots is not None:
                         slots.release()
-                    if open_loop and end is not None and not self.should_stop():
+                    if due_at and end is not None and not self.should_stop():
                         unsent = self._not_sent(requests, offsets, i, t0, end, warmup)
                     break
                 t_send = self.clock()
                 rate = None if rates is None else rates[i]
-                due = t0 + offset if open_loop else None
+                due = t0 + offset if due_at else None
                 tasks.append(asyncio.ensure_future(go(req, t_send, rate, due)))
                 sent.append((req, t_send, due))
             await settle(tasks)
