@@ -312,3 +312,35 @@ def test_requests_due_but_not_sent_by_the_end_are_recorded() -> None:
     probe = probe_entry(run, {"e2e": 1000.0}, 0.9)  # every request sent took well under 1 s
     assert probe["not_sent"] == len(unsent) and probe["attainment"] <= len(sent) / due + 1e-9
     assert probe["margin"] > 0 > probe["margin_from_send"]  # the unsent miss it
+
+
+def test_the_deciding_e2e_is_from_the_schedule_in_comparisons_and_capacity_alike() -> None:
+    """One clock for "E2E at a rate" (DESIGN rule 11): a candidate as fast as the baseline from
+    the send whose client held every request 100 ms is 0.5x on the paired E2E and on the
+    capacity probes' E2E quantile that the rate crossover is built on; in a closed loop (no
+    schedule) both are from the send."""
+    import math
+
+    from harness.analysis.capacity.slo import probe_entry
+    from harness.analysis.comparisons.paired import comparisons
+
+    load = Poisson(RATE, seed=3).to_json()
+
+    def run(label: str, repeat: int, queue: float, sched: bool = True) -> Run:
+        recs = tuple(
+            RequestRecord(str(i), i + queue, i + queue + 0.1, (i + queue + 0.05,), (1,),
+                          t_scheduled=float(i) if sched else None)
+            for i in range(10)
+        )  # fmt: skip
+        cell_load = load if sched else Concurrent(4).to_json()
+        return Run(Cell("e", label, "throughput", cell_load, 1, repeat, "w"), None, recs)
+
+    runs = [run(label, b, q) for b in range(3) for label, q in (("baseline", 0.0), ("x", 0.1))]
+    (e2e,) = [c for c in comparisons(runs) if c["metric"] == "e2e"]
+    assert e2e["decides"] and e2e["estimate"] == pytest.approx(0.5)
+    probes = {r.cell.label: probe_entry(r, {"e2e": 1000.0}, 0.9) for r in runs[:2]}
+    ratio = probes["baseline"]["quantiles_s"]["e2e"] / probes["x"]["quantiles_s"]["e2e"]
+    assert math.isclose(ratio, e2e["estimate"], rel_tol=0.05)
+    closed = [run(label, b, q, False) for b in range(3) for label, q in (("baseline", 0), ("x", 0.1))]
+    (e2e,) = [c for c in comparisons(closed) if c["metric"] == "e2e"]
+    assert e2e["estimate"] == pytest.approx(1.0)
