@@ -285,6 +285,7 @@ def test_requests_due_but_not_sent_by_the_end_are_recorded() -> None:
     summary counts them, the client-behind warning names them."""
     from harness.analysis.capacity.slo import probe_entry
     from harness.core.records import NOT_SENT
+    from harness.run.counters import RunCounters
     from tests.clock import ScriptedEngine
 
     strategy = Poisson(RATE, seed=3, max_concurrency=1)
@@ -312,6 +313,8 @@ def test_requests_due_but_not_sent_by_the_end_are_recorded() -> None:
     probe = probe_entry(run, {"e2e": 1000.0}, 0.9)  # every request sent took well under 1 s
     assert probe["not_sent"] == len(unsent) and probe["attainment"] <= len(sent) / due + 1e-9
     assert probe["margin"] > 0 > probe["margin_from_send"]  # the unsent miss it
+    counts = RunCounters()  # --max-error-rate counts the engine's failures, not the client's
+    assert not any(counts.add(r.ok, r.warmup, 0.1, r.error) for r in records)
 
 
 def test_the_deciding_e2e_is_from_the_schedule_in_comparisons_and_capacity_alike() -> None:

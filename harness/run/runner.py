@@ -215,10 +215,11 @@ class Runner:
                     await self.sleep(delay)
                 if slots is not None:
                     await slots.acquire()
-                if self.should_stop() or (end is not None and self.clock() >= end):
+                stop = self.should_stop()
+                if stop or (end is not None and self.clock() >= end):
                     if slots is not None:
                         slots.release()
-                    if due_at and end is not None and not self.should_stop():
+                    if due_at and end is not None and not stop:
                         unsent = self._not_sent(requests, offsets, i, t0, end, warmup)
                     break
                 t_send = self.clock()
