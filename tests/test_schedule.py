@@ -191,37 +191,42 @@ def test_the_schedule_survives_the_record_json() -> None:
     assert RequestRecord.from_json(old).t_scheduled is None
 
 
-def test_capacity_search_with_a_client_that_cannot_keep_up(tmp_path, capsys) -> None:
-    """The search on a fake OpenAI server that serves every request in 20 ms side by side (no
-    queue of its own), through a client capped at one request in flight (--concurrency 1: at
-    most 50 req/s). From the send TTFT stays 20 ms at every rate; from the schedule the capped
-    client's queue breaks --slo ttft:100: the capacity from the schedule is lower than from the
-    send, and the summary says why."""
-    import json
+def test_capacity_search_with_a_client_that_cannot_keep_up() -> None:
+    """The search (next_rate choosing each probed rate, 3 repeats of 0.6 s each) against an
+    engine that serves every request in 20 ms (3 tokens), through a client capped at one
+    request in flight (at most 50 req/s), all on the fake clock: from the send TTFT stays 20 ms
+    at every rate; from the schedule the capped client's queue (and the requests it never sent
+    by the end) breaks --slo ttft:100: the capacity from the schedule is lower than from the
+    send, and the summary says why. No wall time: the outcome cannot depend on the machine."""
+    from harness.analysis.capacity.slo import capacity_analysis, next_rate, probe_entry
+    from harness.report.capacity_plot import capacity_markdown
+    from tests.clock import ScriptedEngine
 
-    from harness.cli.main import main
-    from tests.fake_server import Behaviour, FakeServer
-    from tests.test_faults import ServerThread, workload
-
-    out = tmp_path / "out"
-    argv = ["--engine", "openai", "--workload", workload(tmp_path, 8), "--max-new-tokens", "3",
-            "--repeats", "3", "--warmup", "0", "--duration", "0.6", "--slo", "ttft:100",
-            "--slo-start-rate", "8", "--slo-max-probes", "4", "--concurrency", "1",
-            "--output-dir", str(out), "--quiet", "--no-plots"]  # fmt: skip
-    server = FakeServer(lambda i: Behaviour(tokens=3, first_delay=0.02, delay=0.001))
-    with ServerThread(server) as url:
-        code = main([*argv, "--base-url", url])
-    printed = capsys.readouterr().out
-    assert code == 0
-    cap = json.loads((out / "results.json").read_text())["capacity"]
+    slo, q = {"ttft": 100.0}, 0.9
+    runs: list[Run] = []
+    rate = next_rate([], ["scripted/baseline"], 8.0, 4)
+    while rate is not None:
+        for b in range(3):
+            strategy = Poisson(rate, seed=b, max_concurrency=1)
+            clock = DeadlineClock()
+            reqs = [Request(f"{b}-{i}", "x") for i in range(200)]
+            engine = ScriptedEngine(clock, {r.id: [(0.02, 1), (0.001, 1), (0.001, 1)] for r in reqs})
+            runner = Runner(engine, clock=clock, sleep=clock.sleep)
+            records = asyncio.run(runner.run(reqs, GenParams(), strategy, duration=0.6))
+            cell = Cell("scripted", "baseline", "throughput", strategy.to_json(), 3, b, "w")
+            runs.append(Run(cell, None, tuple(records)))
+        probes = [e for r in runs if (e := probe_entry(r, slo, q)) is not None]
+        rate = next_rate(probes, ["scripted/baseline"], 8.0, 4)
+    cap = capacity_analysis(runs, slo, q, 0.02)
     (row,) = cap["variants"]
     assert row["status"] == "bracketed", cap["curves"]
     (sent,) = cap["from_send"]["variants"]
     assert sent["status"] == "holds at every probed rate" or sent["capacity"] > row["capacity"]
     (behind,) = cap["from_send"]["behind"]
     assert behind["client_queue_s"] > 0.05  # its p90 where the schedule failed (TTFT 20 ms + it)
-    assert "judged from the send it would " in printed
-    assert "the client fell behind its schedule (client queue p90" in printed
+    text = capacity_markdown({"capacity": cap})
+    assert "judged from the send it would " in text
+    assert "the client fell behind its schedule (client queue p90" in text
 
 
 def test_a_client_worker_keeps_the_schedule_on_the_runners_clock() -> None:
