@@ -153,6 +153,25 @@ class Runner:
             )
         return await self._run_streams(requests, params, strategy, warmup, duration, t0)
 
+    async def send(
+        self, request: Request, params: GenParams, *, warmup: bool = False,
+        due: float | None = None,
+    ) -> RequestRecord:  # fmt: skip
+        """One request sent now, its record returned (a conversation's turn:
+        harness.run.conversations). ``due``: when an open loop scheduled it, on this clock (a
+        conversation's first turn), kept in the record so that the wait before this send is in
+        its client queue; None: no schedule. Cancelled at the stop's grace like a run's."""
+        task = asyncio.ensure_future(self._one(request, params, warmup, self.clock(), None, due))
+        watch = asyncio.ensure_future(self._cancel_at_stop([task]))
+        try:
+            await settle([task])
+        finally:
+            watch.cancel()
+            if task.cancelled():  # cancelled before it ran: its record is made here
+                made = _Timing(request, self.clock(), warmup, due).finish(self.clock(), CANCELLED)
+                self._emit(made)
+        return made if task.cancelled() else task.result()
+
     def _emit(self, record: RequestRecord) -> RequestRecord:
         if self.on_record is not None:
             self.on_record(record)
