@@ -289,6 +289,7 @@ def test_requests_due_but_not_sent_by_the_end_are_recorded() -> None:
     Every one due gets a record: the unsent ones failed with the reason and their schedule, the
     summary counts them, the client-behind warning names them."""
     from harness.analysis.capacity.slo import probe_entry
+    from harness.analysis.comparisons.stats import summarize
     from harness.core.records import NOT_SENT
     from harness.run.counters import RunCounters
     from tests.clock import ScriptedEngine
@@ -310,6 +311,8 @@ def test_requests_due_but_not_sent_by_the_end_are_recorded() -> None:
     out = _analysis(tuple(records), strategy.to_json())
     (row,) = out["rows"]
     assert row["summary"]["not_sent"] == 3 * len(unsent)  # three repeats pooled
+    rate = summarize(sent)["achieved_rate"]  # the rate the client sent at: the unsent not in it
+    assert summarize(records)["achieved_rate"] == pytest.approx(rate)
     (warn,) = [w for w in out["answer"]["warnings"] if w["kind"] == "client behind"]
     assert warn["not_sent"] == 3 * len(unsent)
     assert f"{3 * len(unsent)} requests due were not sent" in warning_line(warn)
