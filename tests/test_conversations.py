@@ -267,3 +267,19 @@ def test_multi_turn_ngram_on_vllm_prints_the_turn_table(tiny_pair, tmp_path, cap
             assert recs[turn_id(cid, 2)]["prompt_tokens"] == n
             checked += 1
         assert checked == 8
+
+
+def test_a_conversations_first_turn_keeps_its_scheduled_arrival() -> None:
+    """--multi-turn with --request-rate: each conversation's first turn is due at the rate's
+    schedule (its record keeps it: the wait for a conversation slot is in its client queue and
+    its latency from the schedule); later turns are sent on the answer, with no schedule."""
+    from harness.core.load import Poisson
+
+    clock = FakeClock()
+    strategy = Poisson(100.0, seed=1, max_concurrency=1)  # 10 ms apart; a conversation ~80 ms
+    recs = drive(Answering("base", clock), clock, strategy)
+    firsts = [r for r in recs if split_turn(r.request_id)[1] == 1]
+    assert len(firsts) == len(_convs()) and all(r.t_scheduled is not None for r in firsts)
+    assert max(r.client_queue for r in firsts) > 0.3  # ten conversations through one slot
+    assert all(r.e2e_from_schedule >= r.e2e for r in firsts)
+    assert all(r.t_scheduled is None for r in recs if split_turn(r.request_id)[1] > 1)

@@ -152,13 +152,35 @@ def test_a_closed_loop_has_no_schedule() -> None:
 
 
 def test_which_loads_have_a_schedule() -> None:
-    from harness.core.load import Constant, Synchronous, scheduled
+    """One rule (core.load.open_loop) on a strategy and on its stored form alike: a rate, a
+    capped rate, a ramp, a trace (and vllm bench's rate) are open loops; one at a time and a
+    closed loop are not. Every reader follows it: the deciding metric at an open loop is E2E
+    (a ramp too: the load controls the arrivals, DESIGN rule 5), and the tables read what the
+    analysis stored (``open_loop``), not the load's keys."""
+    from harness.analysis.comparisons.paired import deciding_metric
+    from harness.core.load import Constant, Synchronous, open_loop
     from harness.core.ramp import Ramp
     from harness.core.replay import TraceReplay
+    from harness.report.vllm_json import to_run
 
-    assert all(map(scheduled, (Constant(2.0), Poisson(2.0, max_concurrency=1))))
-    assert scheduled(Ramp("linear", 1.0, 5.0)) and scheduled(TraceReplay((0.0, 1.0)))
-    assert not scheduled(Synchronous()) and not scheduled(Concurrent(4))
+    opens = (Constant(2.0), Poisson(2.0, max_concurrency=1), Ramp("linear", 1.0, 5.0),
+             TraceReplay((0.0, 1.0)))  # fmt: skip
+    for s, want in [*((s, True) for s in opens), (Synchronous(), False), (Concurrent(4), False)]:
+        assert open_loop(s) is want and open_loop(s.to_json()) is want, s
+        mode = "latency" if isinstance(s, Synchronous) else "throughput"
+        assert deciding_metric(mode, s.to_json()) == ("e2e" if want else "output_tok_s"), s
+    vllm = {"completed": 1, "duration": 1.0, "output_throughput": 1.0, "backend": "x"}
+    assert open_loop(to_run({**vllm, "request_rate": 4.0})["load"])
+    assert not open_loop(to_run({**vllm, "max_concurrency": 4})["load"])
+    records = _records(Poisson(RATE, seed=3), n=40)
+    out = _analysis(records, Poisson(RATE, seed=3).to_json())
+    row = out["rows"][0]
+    assert row["open_loop"] is True
+    (queue,) = [c for c in MAIN if c.name == "queue_p99"]
+    closed = {**row, "summary": {}, "open_loop": False}  # what the analysis said, not the load
+    assert queue.fmt(queue.get(Line(closed))) == "closed loop: no schedule"
+    old = {k: v for k, v in row.items() if k != "open_loop"}  # a file before the key: n/a
+    assert queue.fmt(queue.get(Line({**old, "summary": {}}))) == "n/a"
 
 
 def test_the_schedule_survives_the_record_json() -> None:
@@ -169,37 +191,42 @@ def test_the_schedule_survives_the_record_json() -> None:
     assert RequestRecord.from_json(old).t_scheduled is None
 
 
-def test_capacity_search_with_a_client_that_cannot_keep_up(tmp_path, capsys) -> None:
-    """The search on a fake OpenAI server that serves every request in 20 ms side by side (no
-    queue of its own), through a client capped at one request in flight (--concurrency 1: at
-    most 50 req/s). From the send TTFT stays 20 ms at every rate; from the schedule the capped
-    client's queue breaks --slo ttft:100: the capacity from the schedule is lower than from the
-    send, and the summary says why."""
-    import json
+def test_capacity_search_with_a_client_that_cannot_keep_up() -> None:
+    """The search (next_rate choosing each probed rate, 3 repeats of 0.6 s each) against an
+    engine that serves every request in 20 ms (3 tokens), through a client capped at one
+    request in flight (at most 50 req/s), all on the fake clock: from the send TTFT stays 20 ms
+    at every rate; from the schedule the capped client's queue (and the requests it never sent
+    by the end) breaks --slo ttft:100: the capacity from the schedule is lower than from the
+    send, and the summary says why. No wall time: the outcome cannot depend on the machine."""
+    from harness.analysis.capacity.slo import capacity_analysis, next_rate, probe_entry
+    from harness.report.capacity_plot import capacity_markdown
+    from tests.clock import ScriptedEngine
 
-    from harness.cli.main import main
-    from tests.fake_server import Behaviour, FakeServer
-    from tests.test_faults import ServerThread, workload
-
-    out = tmp_path / "out"
-    argv = ["--engine", "openai", "--workload", workload(tmp_path, 8), "--max-new-tokens", "3",
-            "--repeats", "3", "--warmup", "0", "--duration", "0.6", "--slo", "ttft:100",
-            "--slo-start-rate", "8", "--slo-max-probes", "4", "--concurrency", "1",
-            "--output-dir", str(out), "--quiet", "--no-plots"]  # fmt: skip
-    server = FakeServer(lambda i: Behaviour(tokens=3, first_delay=0.02, delay=0.001))
-    with ServerThread(server) as url:
-        code = main([*argv, "--base-url", url])
-    printed = capsys.readouterr().out
-    assert code == 0
-    cap = json.loads((out / "results.json").read_text())["capacity"]
+    slo, q = {"ttft": 100.0}, 0.9
+    runs: list[Run] = []
+    rate = next_rate([], ["scripted/baseline"], 8.0, 4)
+    while rate is not None:
+        for b in range(3):
+            strategy = Poisson(rate, seed=b, max_concurrency=1)
+            clock = DeadlineClock()
+            reqs = [Request(f"{b}-{i}", "x") for i in range(200)]
+            engine = ScriptedEngine(clock, {r.id: [(0.02, 1), (0.001, 1), (0.001, 1)] for r in reqs})
+            runner = Runner(engine, clock=clock, sleep=clock.sleep)
+            records = asyncio.run(runner.run(reqs, GenParams(), strategy, duration=0.6))
+            cell = Cell("scripted", "baseline", "throughput", strategy.to_json(), 3, b, "w")
+            runs.append(Run(cell, None, tuple(records)))
+        probes = [e for r in runs if (e := probe_entry(r, slo, q)) is not None]
+        rate = next_rate(probes, ["scripted/baseline"], 8.0, 4)
+    cap = capacity_analysis(runs, slo, q, 0.02)
     (row,) = cap["variants"]
     assert row["status"] == "bracketed", cap["curves"]
     (sent,) = cap["from_send"]["variants"]
     assert sent["status"] == "holds at every probed rate" or sent["capacity"] > row["capacity"]
     (behind,) = cap["from_send"]["behind"]
     assert behind["client_queue_s"] > 0.05  # its p90 where the schedule failed (TTFT 20 ms + it)
-    assert "judged from the send it would " in printed
-    assert "the client fell behind its schedule (client queue p90" in printed
+    text = capacity_markdown({"capacity": cap})
+    assert "judged from the send it would " in text
+    assert "the client fell behind its schedule (client queue p90" in text
 
 
 def test_a_client_worker_keeps_the_schedule_on_the_runners_clock() -> None:
@@ -254,3 +281,77 @@ def test_goodput_judges_from_the_schedule_and_one_token_passes_tpot() -> None:
     good = summarize(records, {"e2e": 50.0})["goodput"] * duration
     assert round(good) == len(records) - held
     assert summarize(records, {"tpot": 0.001})["goodput"] * duration == pytest.approx(len(records))
+
+
+def test_requests_due_but_not_sent_by_the_end_are_recorded() -> None:
+    """Poisson 100 req/s through a client capped at one in flight, 20 ms a request, --duration
+    1 s (the fake clock): about 95 requests are due before the end, the client sends about 50.
+    Every one due gets a record: the unsent ones failed with the reason and their schedule, the
+    summary counts them, the client-behind warning names them."""
+    from harness.analysis.capacity.slo import probe_entry
+    from harness.analysis.comparisons.stats import summarize
+    from harness.core.records import NOT_SENT
+    from harness.run.counters import RunCounters
+    from tests.clock import ScriptedEngine
+
+    strategy = Poisson(RATE, seed=3, max_concurrency=1)
+    clock = DeadlineClock()
+    reqs = [Request(str(i), "x") for i in range(400)]
+    engine = ScriptedEngine(clock, {r.id: [(0.02, 1)] for r in reqs})
+    runner = Runner(engine, clock=clock, sleep=clock.sleep)
+    t0 = clock.now
+    records = asyncio.run(runner.run(reqs, GenParams(), strategy, duration=1.0, t0=t0))
+    due = sum(off < 1.0 for off in strategy.offsets(len(reqs)))
+    unsent = [r for r in records if r.error == NOT_SENT]
+    sent = [r for r in records if r.ok]
+    assert 80 <= due <= 110 and len(records) == due, (due, len(records))
+    assert len(sent) + len(unsent) == due and 40 <= len(sent) <= 55
+    assert all(not r.ok and r.t_scheduled < t0 + 1.0 <= r.t_send for r in unsent)
+    assert {r.request_id for r in records} == {str(i) for i in range(due)}
+    out = _analysis(tuple(records), strategy.to_json())
+    (row,) = out["rows"]
+    assert row["summary"]["not_sent"] == 3 * len(unsent)  # three repeats pooled
+    rate = summarize(sent)["achieved_rate"]  # the rate the client sent at: the unsent not in it
+    assert summarize(records)["achieved_rate"] == pytest.approx(rate)
+    (warn,) = [w for w in out["answer"]["warnings"] if w["kind"] == "client behind"]
+    assert warn["not_sent"] == 3 * len(unsent)
+    assert f"{3 * len(unsent)} requests due were not sent" in warning_line(warn)
+    run = Run(Cell("scripted", "baseline", "throughput", strategy.to_json(), 1, 0, "w"), None,
+              tuple(records))  # fmt: skip
+    probe = probe_entry(run, {"e2e": 1000.0}, 0.9)  # every request sent took well under 1 s
+    assert probe["not_sent"] == len(unsent) and probe["attainment"] <= len(sent) / due + 1e-9
+    assert probe["margin"] > 0 > probe["margin_from_send"]  # the unsent miss it
+    counts = RunCounters()  # --max-error-rate counts the engine's failures, not the client's
+    assert not any(counts.add(r.ok, r.warmup, 0.1, r.error) for r in records)
+
+
+def test_the_deciding_e2e_is_from_the_schedule_in_comparisons_and_capacity_alike() -> None:
+    """One clock for "E2E at a rate" (DESIGN rule 11): a candidate as fast as the baseline from
+    the send whose client held every request 100 ms is 0.5x on the paired E2E and on the
+    capacity probes' E2E quantile that the rate crossover is built on; in a closed loop (no
+    schedule) both are from the send."""
+    import math
+
+    from harness.analysis.capacity.slo import probe_entry
+    from harness.analysis.comparisons.paired import comparisons
+
+    load = Poisson(RATE, seed=3).to_json()
+
+    def run(label: str, repeat: int, queue: float, sched: bool = True) -> Run:
+        recs = tuple(
+            RequestRecord(str(i), i + queue, i + queue + 0.1, (i + queue + 0.05,), (1,),
+                          t_scheduled=float(i) if sched else None)
+            for i in range(10)
+        )  # fmt: skip
+        cell_load = load if sched else Concurrent(4).to_json()
+        return Run(Cell("e", label, "throughput", cell_load, 1, repeat, "w"), None, recs)
+
+    runs = [run(label, b, q) for b in range(3) for label, q in (("baseline", 0.0), ("x", 0.1))]
+    (e2e,) = [c for c in comparisons(runs) if c["metric"] == "e2e"]
+    assert e2e["decides"] and e2e["estimate"] == pytest.approx(0.5)
+    probes = {r.cell.label: probe_entry(r, {"e2e": 1000.0}, 0.9) for r in runs[:2]}
+    ratio = probes["baseline"]["quantiles_s"]["e2e"] / probes["x"]["quantiles_s"]["e2e"]
+    assert math.isclose(ratio, e2e["estimate"], rel_tol=0.05)
+    closed = [run(label, b, q, False) for b in range(3) for label, q in (("baseline", 0), ("x", 0.1))]
+    (e2e,) = [c for c in comparisons(closed) if c["metric"] == "e2e"]
+    assert e2e["estimate"] == pytest.approx(1.0)

@@ -113,7 +113,7 @@ def _batch_run(label, repeat, ttft, e2e, tokens=32, rate=None):
         t0 = i / rate if rate else 0.0
         times = tuple(t0 + ttft + (e2e - ttft) * np.arange(tokens) / (tokens - 1))
         recs.append(RequestRecord(f"p{i}", t0, times[-1], times, (1,) * tokens))
-    load = {"request_rate": rate} if rate else {"concurrency": 16}
+    load = {"request_rate": rate, "arrivals": "constant"} if rate else {"concurrency": 16}
     return _run(recs, label, repeat, "throughput", load)
 
 

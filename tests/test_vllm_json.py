@@ -183,3 +183,20 @@ def test_csv_export_of_the_per_point_table() -> None:
     assert float(ngram["acceptance_rate"]) == row["spec"]["acceptance_rate"]
     comp = derived["comparisons"][row["comparison"]]
     assert ngram["baseline"] == "vllm/baseline" and float(ngram["speedup"]) == comp["estimate"]
+
+
+def test_vllms_client_queue_keeps_its_own_name() -> None:
+    """vLLM's client_queue_time runs from when its client got round to the request (only with
+    --max-concurrency), ours (client_queue_s) from the schedule: a vLLM file's value is read
+    under its own name, never as ours, and written back under vLLM's name (a round trip)."""
+    d = {"completed": 2, "duration": 1.0, "output_throughput": 4.0, "backend": "vllm",
+         "request_rate": 2.0, "max_concurrency": 1, "p99_client_queue_time_ms": 300.0,
+         "mean_client_queue_time_ms": 150.0, "p99_e2el_including_client_queue_ms": 500.0}  # fmt: skip
+    s = to_run(d)["summary"]
+    assert "client_queue_s" not in s and "e2e_from_schedule_s" not in s
+    assert s["vllm_client_queue_s"] == {"p99": 0.3, "mean": 0.15}
+    assert s["vllm_e2e_including_client_queue_s"] == {"p99": 0.5}
+    run = {"engine": "vllm-bench", "label": "baseline", "summary": s, "load": {}, "records": []}
+    back = from_run({"config": {"metric_percentiles": [99]}}, run)
+    assert back["p99_client_queue_time_ms"] == pytest.approx(300.0)
+    assert back["p99_e2el_including_client_queue_ms"] == pytest.approx(500.0)

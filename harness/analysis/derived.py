@@ -31,6 +31,7 @@ from harness.analysis.schedule import schedule_latencies
 from harness.analysis.theory.crossover import crossover
 from harness.analysis.theory.speedup import theory
 from harness.analysis.workload.categories import category_tables
+from harness.core.load import open_loop
 from harness.core.results import Run, group_runs
 
 KEYS = (
@@ -105,6 +106,7 @@ def analyze(
         c["lossless"] = check_of.get(key) if c["decides"] else None
     for row in rows:
         row["deciding_metric"] = deciding_metric(row["mode"], row["load"])
+        row["open_loop"] = open_loop(row["load"])  # the views say "no schedule" from this
         head = _deciding(comps, row)
         row["comparison"] = None if head is None else head["id"]
         row["lossless"] = None if head is None else head["lossless"]

@@ -17,12 +17,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.analysis.comparisons.stats import PERCENTILES, distribution
-from harness.core.records import RequestRecord
+from harness.core.records import NOT_SENT, RequestRecord
 
 SHARE = 0.05  # of the from-send p99: a smaller gap is the schedule's own jitter
 FLOOR_S = 0.010  # ... and never less than this
-CLOSED = "closed loop: no schedule"  # what the views say where these keys are None
-KEYS = ("client_queue_s", "ttft_from_schedule_s", "e2e_from_schedule_s", "behind")
+KEYS = ("client_queue_s", "ttft_from_schedule_s", "e2e_from_schedule_s", "behind", "not_sent")
 
 
 def threshold(p99_from_send: float) -> float:
@@ -35,17 +34,36 @@ def schedule_latencies(
     records: Sequence[RequestRecord], percentiles: Sequence[float] = PERCENTILES
 ) -> dict[str, Any]:
     """The summary's schedule keys (:data:`KEYS`) over the counted requests: the client queue
-    (p50/p90/p99 and max), TTFT and E2E from the schedule, and ``behind`` (the metric whose
-    two clocks differ most beyond :func:`threshold`, else None). All None without a schedule."""
-    ok = [r for r in records if r.counted and r.t_scheduled is not None]
-    if not ok:
+    (p50/p90/p99 and max), TTFT and E2E from the schedule, ``not_sent`` (requests due before a
+    ``--duration`` run's end that the client never sent: :data:`NOT_SENT`), and ``behind``
+    (the metric whose two clocks differ most beyond :func:`threshold`, and ``not_sent``; None
+    when neither). All None without a schedule."""
+    due = [r for r in records if not r.warmup and r.t_scheduled is not None]
+    if not due:
         return dict.fromkeys(KEYS)
+    not_sent = sum(r.error == NOT_SENT for r in due)
+    ok = [r for r in due if r.ok]
+    out: dict[str, Any] = dict.fromkeys(KEYS)
+    out["not_sent"] = not_sent
+    worst: dict[str, Any] | None = None
+    if ok:
+        worst = _from_send_gap(ok, out, percentiles)
+    if not_sent and worst is None:
+        worst = {"metric": None, "client_queue_p99_s": (out["client_queue_s"] or {}).get("p99"),
+                 "client_queue_max_s": (out["client_queue_s"] or {}).get("max")}  # fmt: skip
+    out["behind"] = None if worst is None else {**worst, "not_sent": not_sent}
+    return out
+
+
+def _from_send_gap(
+    ok: Sequence[RequestRecord], out: dict[str, Any], percentiles: Sequence[float]
+) -> dict[str, Any] | None:
+    """Fills ``out``'s distributions over ``ok``; returns the metric whose from-schedule p99 is
+    above its from-send p99 by the most beyond :func:`threshold` (None: none is)."""
     queue = [r.client_queue for r in ok]
-    out: dict[str, Any] = {
-        "client_queue_s": {**distribution(queue, percentiles), "max": max(queue)},  # type: ignore[type-var]
-        "ttft_from_schedule_s": distribution((r.ttft_from_schedule for r in ok), percentiles),
-        "e2e_from_schedule_s": distribution((r.e2e_from_schedule for r in ok), percentiles),
-    }
+    out["client_queue_s"] = {**distribution(queue, percentiles), "max": max(queue)}  # type: ignore[type-var]
+    out["ttft_from_schedule_s"] = distribution((r.ttft_from_schedule for r in ok), percentiles)
+    out["e2e_from_schedule_s"] = distribution((r.e2e_from_schedule for r in ok), percentiles)
     send = {
         "ttft": distribution((r.ttft for r in ok), percentiles),
         "e2e": distribution((r.e2e for r in ok), percentiles),
@@ -65,8 +83,7 @@ def schedule_latencies(
                 "client_queue_p99_s": out["client_queue_s"]["p99"],
                 "client_queue_max_s": out["client_queue_s"]["max"],
             }
-    out["behind"] = worst
-    return out
+    return worst
 
 
 def behind_warnings(

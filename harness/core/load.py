@@ -2,13 +2,13 @@
 
 A strategy gives the send offset of every request (seconds after the run's start) and an
 optional cap on requests in flight; the runner does the waiting. An open loop's offsets are a
-schedule (``open_loop``): each request is due then whatever the others do, so its latency as a
-user waits it starts there (:func:`scheduled`); a closed loop's are not (a request goes when a
-slot frees).
+schedule (:func:`open_loop`): each request is due then whatever the others do, so its latency
+as a user waits it starts there; a closed loop's are not (a request goes when a slot frees).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -28,10 +28,16 @@ class LoadStrategy(Protocol):
     def label(self) -> str: ...
 
 
-def scheduled(strategy: Any) -> bool:
-    """Whether ``strategy``'s offsets are a schedule the requests are due at (an open loop:
-    a rate, a ramp, a trace); closed loops and strategies that do not say are not."""
-    return bool(getattr(strategy, "open_loop", False))
+def open_loop(load: Any) -> bool:
+    """Whether a load is an open loop: its offsets are a schedule each request is due at
+    whatever the others do (a rate, a ramp, a trace), so latency as the user waits it starts
+    there and the metric the load controls is E2E (DESIGN rule 5); a closed loop (one at a
+    time, ``--concurrency N``) sends when a slot frees. ``load``: a strategy (its ``open_loop``)
+    or its stored form (results.json ``load``: an open loop's names its ``arrivals``); the one
+    rule every layer asks (tests/test_schedule.py checks both forms agree)."""
+    if isinstance(load, Mapping):
+        return load.get("arrivals") is not None
+    return bool(getattr(load, "open_loop", False))
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+# The error of an open-loop request due before a --duration run's end that the client never sent
+# (a full --max-concurrency, a blocked loop): a failed record with its schedule, never dropped
+NOT_SENT = "not sent by the end: client behind"
+# what a from-schedule figure of a closed loop (harness.core.load.open_loop false) says
+NO_SCHEDULE = "closed loop: no schedule"
+
 
 @dataclass(frozen=True, slots=True)  # slots: a million of them in a soak run (issue 38)
 class RequestRecord:
@@ -99,7 +105,8 @@ class RequestRecord:
     @property
     def user_e2e(self) -> float:
         """E2E as the user waits it (see :attr:`user_ttft`)."""
-        return self.e2e if self.t_scheduled is None else self.t_end - self.t_scheduled
+        e2e = self.e2e_from_schedule
+        return self.e2e if e2e is None else e2e
 
     @property
     def itl(self) -> tuple[float, ...]:

@@ -128,14 +128,7 @@ def warning_line(w: Mapping[str, Any], lengths: int = 1) -> str:
             "send times across hosts are only that precise"
         )
     if kind == "client behind":
-        metric = {"ttft": "TTFT", "e2e": "E2E"}.get(w["metric"], w["metric"])
-        return (
-            f"{w['name']}, {where(w, lengths)}: the client fell behind its schedule: {metric} "
-            f"p99 {w['p99_from_schedule_s'] * 1e3:.1f} ms from the schedule vs "
-            f"{w['p99_from_send_s'] * 1e3:.1f} ms from the send (client queue p99 "
-            f"{w['client_queue_p99_s'] * 1e3:.1f} ms, max {w['client_queue_max_s'] * 1e3:.1f} ms): "
-            "users waited longer than the latency from the send says"
-        )
+        return f"{w['name']}, {where(w, lengths)}: the client fell behind its schedule: " + behind_text(w)
     if kind == "lane difference":
         shown = "; ".join(f"{d['key']} {d['a']!r} vs {d['b']!r}" for d in w["differences"])
         more = (
@@ -191,6 +184,22 @@ def _unless_said(e: Mapping[str, Any]) -> str:
     v = _why(e)
     decided = v in ("cheaper", "costs more", "less energy", "more energy")
     return "" if decided or e.get("lo") is None else f", {v}"
+
+
+def behind_text(w: Mapping[str, Any]) -> str:
+    """What a ``client behind`` warning found: the two clocks' p99, and the requests due that
+    were never sent (``not_sent``, counted against the client in every SLO)."""
+    metric = {"ttft": "TTFT", "e2e": "E2E"}.get(w.get("metric"), w.get("metric"))
+    parts = []
+    if metric is not None:
+        parts.append(
+            f"{metric} p99 {w['p99_from_schedule_s'] * 1e3:.1f} ms from the schedule vs "
+            f"{w['p99_from_send_s'] * 1e3:.1f} ms from the send (client queue p99 "
+            f"{w['client_queue_p99_s'] * 1e3:.1f} ms, max {w['client_queue_max_s'] * 1e3:.1f} ms)"
+        )
+    if w.get("not_sent"):
+        parts.append(f"{w['not_sent']} requests due were not sent by the end (failed)")
+    return "; ".join(parts) + ": users waited longer than the latency from the send says"
 
 
 def _engine_question(entries: Sequence[Mapping[str, Any]]) -> str:

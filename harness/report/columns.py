@@ -8,6 +8,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from harness.core.records import NO_SCHEDULE
+
 METRIC_LABEL = {"output_tok_s": "tok/s", "e2e": "E2E", "ttft": "TTFT", "tpot": "TPOT"}
 
 
@@ -102,20 +104,18 @@ def _s(key: str, stat: str | None = None) -> Callable[[Line], Any]:
     return get
 
 
-CLOSED = "closed loop: no schedule"  # a from-schedule cell of a closed loop (stored as null)
-
-
 def _sched(key: str, stat: str) -> Callable[[Line], Any]:
-    """A from-schedule statistic and whether its row is a closed loop (no ``arrivals`` in its
-    load: every open loop, a rate, a ramp or a trace, says how requests arrive)."""
-    return lambda x: (_s(key, stat)(x), "arrivals" not in (x.entry.get("load") or {}))
+    """A from-schedule statistic and whether its row is a closed loop, as the analysis stored
+    it (the row's ``open_loop``: :func:`harness.core.load.open_loop`)."""
+    return lambda x: (_s(key, stat)(x), x.entry.get("open_loop") is False)
 
 
 def _scheduled(v: tuple[Any, bool], digits: int = 1) -> str:
     """A from-schedule latency in ms, or why there is none: a closed loop has no schedule (an
-    open loop's file written before records kept it: n/a)."""
+    open loop's file written before records kept it, or a file before rows said which they
+    are: n/a)."""
     x, closed = v
-    return (CLOSED if closed else "n/a") if x is None else num(x, digits, 1e3)
+    return (NO_SCHEDULE if closed else "n/a") if x is None else num(x, digits, 1e3)
 
 
 def _spec(key: str) -> Callable[[Line], Any]:

@@ -343,5 +343,6 @@ def schedule_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             f"- {r['name']}: E2E p99 {sched['p99'] * 1e3:.0f} ms from the scheduled arrival, "
             f"{num(send, 0, 1e3)} ms from the send; client queue p99 "
             f"{queue['p99'] * 1e3:.1f} ms, max {queue['max'] * 1e3:.1f} ms"
+            + (f"; {s['not_sent']} due not sent by the end" if s.get("not_sent") else "")
         )
     return ["", *out] if out else []

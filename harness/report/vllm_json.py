@@ -23,9 +23,16 @@ from typing import Any
 
 MS_METRICS = {
     "ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_s", "e2el": "e2e_s",
-    # vLLM's client queue (only with --max-concurrency) and E2E with it; ours: from the schedule
+    # written out: ours, from each request's scheduled arrival under any open loop
     "client_queue_time": "client_queue_s", "e2el_including_client_queue": "e2e_from_schedule_s",
 }  # fmt: skip
+# read in: vLLM's own, under their own names: its client queue runs from when its client got
+# round to the request (only with --max-concurrency), not from the schedule, so never ours
+VLLM_OWN = {
+    "client_queue_time": "vllm_client_queue_s",
+    "e2el_including_client_queue": "vllm_e2e_including_client_queue_s",
+}
+MS_IN = {**MS_METRICS, **VLLM_OWN}
 VLLM_KEYS = ("completed", "duration", "output_throughput")
 PER_POINT = ("ttft_s", "tpot_s", "itl_s", "e2e_s")  # always written (null when missing)
 
@@ -163,7 +170,7 @@ def to_run(d: Mapping[str, Any], index: int = 0) -> dict[str, Any]:
         "total_tok_s": d.get("total_token_throughput"),
         "goodput": d.get("request_goodput"),
         "peak_in_flight": d.get("max_concurrent_requests"),
-        **{h: x for v, h in MS_METRICS.items() if (x := _ms_to_s(d, v)) or h in PER_POINT},
+        **{h: x for v, h in MS_IN.items() if (x := _ms_to_s(d, v)) or h in PER_POINT},
     }
     engine = "vllm-bench"
     return {
@@ -214,7 +221,8 @@ def to_results(items: Sequence[Mapping[str, Any]], path: str) -> dict[str, Any]:
 def _stats_ms(summary: Mapping[str, Any], percentiles: Sequence[float]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for metric, key in MS_METRICS.items():
-        dist = summary.get(key) or {}
+        # ours; a vLLM file read in has only vLLM's own (VLLM_OWN): back under its name
+        dist = summary.get(key) or summary.get(VLLM_OWN.get(metric, "")) or {}
         if not dist and key not in PER_POINT:  # a closed loop has no schedule: vLLM omits them
             continue
         for name, vname in (("mean", "mean"), ("median", "median"), ("std", "stdev")):

@@ -38,7 +38,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from engines.base import EngineError, GenParams, Request
-from harness.core.load import LoadStrategy, scheduled
+from harness.core.load import LoadStrategy, open_loop
 from harness.core.records import RequestRecord
 from harness.run.client_process import (
     SHARED_CLOCKS,
@@ -221,7 +221,7 @@ class ClientPool:
         if not alive:
             raise EngineError("--client-workers: every client worker has died")
         shares = split(strategy.offsets(len(requests)), strategy.max_concurrency, len(alive))
-        open_loop = scheduled(strategy)
+        due_at = open_loop(strategy)
         self._job += 1
         job = self._job
         lazy = not isinstance(requests, (list, tuple))
@@ -235,7 +235,7 @@ class ClientPool:
             h.send(
                 Job(
                     job, picked, positions, share, params, t0 + h.offset_s, duration, warmup,
-                    open_loop,
+                    due_at,
                 )
             )  # fmt: skip
         records: list[tuple[float, int, int, RequestRecord]] = []
@@ -267,7 +267,7 @@ class ClientPool:
                 pending.discard(i)
                 lost = lost_records(
                     requests, targets[i], i, got[i], t0, runner.clock(), why, warmup, duration,
-                    open_loop,
+                    due_at,
                 )  # fmt: skip
                 self.deaths.append({"worker": i, "job": job, "lost": len(lost), "why": why})
                 for rec in lost:
@@ -354,7 +354,7 @@ def lost_records(
     why: str,
     warmup: bool,
     duration: float | None = None,
-    open_loop: bool = False,
+    due_at: bool = False,
 ) -> list[RequestRecord]:
     """A dead worker's requests in flight when it died, as failed records with the reason: those
     due by ``now`` (and before ``duration``) that never came back, at most its share's cap of
@@ -370,7 +370,7 @@ def lost_records(
         rid = requests[j].id
         if rid not in received:
             info = {"client_worker": worker}
-            due = t0 + offset if open_loop else None
+            due = t0 + offset if due_at else None
             out.append(
                 RequestRecord(
                     rid, t0 + offset, now, ok=False, error=why, warmup=warmup, info=info,

@@ -5,7 +5,9 @@ Why not a load strategy: a strategy says only when a request goes, and turn k's 
 exist until turn k-1 has been answered by this very variant. So the driver builds each turn and
 hands it to the runner (which owns the clock and times it like any request), and the strategy
 still says when each conversation starts and how many are in flight (``max_concurrency``:
-latency mode = one conversation at a time; ``--concurrency N`` = N).
+latency mode = one conversation at a time; ``--concurrency N`` = N). Under ``--request-rate``
+a conversation's first turn is due at its scheduled start: its record keeps it, so the wait
+for a conversation slot is its client queue (later turns go on the answer: no schedule).
 
 Prefix cache: every conversation gets its own cache salt (vLLM's ``cache_salt``), so no
 conversation reuses blocks another one cached (the effect of a reset between conversations, also
@@ -21,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engines.base import GenParams, Request, UnsupportedError
-from harness.core.load import LoadStrategy, Synchronous
+from harness.core.load import LoadStrategy, open_loop
 from harness.core.records import RequestRecord
 from harness.run.runner import Runner
 from workloads.conversations import turn_id
@@ -77,6 +79,8 @@ class Conversations:
         t0 = runner.clock()
         out: list[RequestRecord] = []
 
+        due_at = open_loop(strategy)  # a rate: each conversation's first turn is due then
+
         async def one(conv: Request, offset: float) -> None:
             delay = t0 + offset - runner.clock()
             if delay > 0:
@@ -84,7 +88,8 @@ class Conversations:
             if slots is not None:
                 await slots.acquire()
             try:
-                await self._conversation(conv, params, warmup, out)
+                due = t0 + offset if due_at else None
+                await self._conversation(conv, params, warmup, out, due)
             finally:
                 if slots is not None:
                     slots.release()
@@ -99,8 +104,11 @@ class Conversations:
         return out
 
     async def _conversation(
-        self, conv: Request, params: GenParams, warmup: bool, out: list[RequestRecord]
-    ) -> None:
+        self, conv: Request, params: GenParams, warmup: bool, out: list[RequestRecord],
+        due: float | None = None,
+    ) -> None:  # fmt: skip
+        """Turn by turn; turn 1 keeps the conversation's scheduled arrival ``due`` (the wait for
+        a slot is its client queue), later turns go on the answer (no schedule)."""
         runner = self.runner
         salt = f"conversation-{conv.id}" + (f"/{conv.cache_salt}" if conv.cache_salt else "")
         answers: list[str] = []
@@ -117,8 +125,8 @@ class Conversations:
                 source=conv.source,
                 cache_salt=salt,
             )
-            records = await runner.run([turn], params, Synchronous(), warmup=warmup)
-            out.extend(records)
-            if not records or not records[0].ok:
+            record = await runner.send(turn, params, warmup=warmup, due=due if k == 1 else None)
+            out.append(record)
+            if not record.ok:
                 return  # turn k+1 needs this answer
-            answers.append(records[0].output_text or "")
+            answers.append(record.output_text or "")

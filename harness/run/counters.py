@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.core.records import NOT_SENT
+
 MIN_SEEN = 5  # counted requests before --max-error-rate may stop a run
 
 
@@ -17,8 +19,14 @@ class RunCounters:
     failed: int = 0
     warmup: int = 0
 
-    def add(self, ok: bool, warmup: bool, limit: float | None = None) -> str | None:
-        """One finished record; the --max-error-rate stop reason it brings, if any."""
+    def add(
+        self, ok: bool, warmup: bool, limit: float | None = None, error: str | None = None
+    ) -> str | None:
+        """One finished record; the --max-error-rate stop reason it brings, if any. A request
+        the client never sent (``error`` NOT_SENT) is the client's failing, not the engine's:
+        not counted here."""
+        if error == NOT_SENT:
+            return None
         if warmup:
             self.warmup += 1
             return None

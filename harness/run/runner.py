@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engines.base import Chunk, Clock, Engine, GenParams, Request, UnsupportedError
-from harness.core.load import LoadStrategy, scheduled
-from harness.core.records import RequestRecord
+from harness.core.load import LoadStrategy, open_loop
+from harness.core.records import NOT_SENT, RequestRecord
 
 OnRecord = Callable[[RequestRecord], None]
 CANCELLED = "cancelled at stop"  # the error of a request still in flight when the grace ended
@@ -153,6 +153,25 @@ class Runner:
             )
         return await self._run_streams(requests, params, strategy, warmup, duration, t0)
 
+    async def send(
+        self, request: Request, params: GenParams, *, warmup: bool = False,
+        due: float | None = None,
+    ) -> RequestRecord:  # fmt: skip
+        """One request sent now, its record returned (a conversation's turn:
+        harness.run.conversations). ``due``: when an open loop scheduled it, on this clock (a
+        conversation's first turn), kept in the record so that the wait before this send is in
+        its client queue; None: no schedule. Cancelled at the stop's grace like a run's."""
+        task = asyncio.ensure_future(self._one(request, params, warmup, self.clock(), None, due))
+        watch = asyncio.ensure_future(self._cancel_at_stop([task]))
+        try:
+            await settle([task])
+        finally:
+            watch.cancel()
+            if task.cancelled():  # cancelled before it ran: its record is made here
+                made = _Timing(request, self.clock(), warmup, due).finish(self.clock(), CANCELLED)
+                self._emit(made)
+        return made if task.cancelled() else task.result()
+
     def _emit(self, record: RequestRecord) -> RequestRecord:
         if self.on_record is not None:
             self.on_record(record)
@@ -188,7 +207,7 @@ class Runner:
         rates = strategy.rates(len(requests)) if hasattr(strategy, "rates") else None
         slots = asyncio.Semaphore(strategy.max_concurrency) if strategy.max_concurrency else None
         t0 = self.clock() if t0 is None else t0
-        open_loop = scheduled(strategy)  # the offsets are due instants: records keep them
+        due_at = open_loop(strategy)  # the offsets are due instants: records keep them
         tasks: list[asyncio.Task[RequestRecord]] = []
         sent: list[tuple[Request, float, float | None]] = []
 
@@ -202,6 +221,7 @@ class Runner:
                     slots.release()
 
         watch = asyncio.ensure_future(self._cancel_at_stop(tasks))
+        unsent: list[RequestRecord] = []
         try:
             end = None if duration is None else t0 + duration
             for i, (req, offset) in enumerate(zip(requests, offsets)):
@@ -214,13 +234,16 @@ class Runner:
                     await self.sleep(delay)
                 if slots is not None:
                     await slots.acquire()
-                if self.should_stop() or (end is not None and self.clock() >= end):
+                stop = self.should_stop()
+                if stop or (end is not None and self.clock() >= end):
                     if slots is not None:
                         slots.release()
+                    if due_at and end is not None and not stop:
+                        unsent = self._not_sent(requests, offsets, i, t0, end, warmup)
                     break
                 t_send = self.clock()
                 rate = None if rates is None else rates[i]
-                due = t0 + offset if open_loop else None
+                due = t0 + offset if due_at else None
                 tasks.append(asyncio.ensure_future(go(req, t_send, rate, due)))
                 sent.append((req, t_send, due))
             await settle(tasks)
@@ -236,7 +259,26 @@ class Runner:
                 for i, (t, (req, t_send, due)) in enumerate(zip(tasks, sent))
                 if t.cancelled()  # cancelled before it ran: its record is made here
             }
-        return [made[i] if i in made else t.result() for i, t in enumerate(tasks)]
+        return [made[i] if i in made else t.result() for i, t in enumerate(tasks)] + unsent
+
+    def _not_sent(
+        self, requests: Sequence[Request], offsets: Sequence[float], first: int, t0: float,
+        end: float, warmup: bool,
+    ) -> list[RequestRecord]:  # fmt: skip
+        """Requests ``first``.. due before ``end`` that the client still held when the run
+        ended: each a failed record (:data:`NOT_SENT`) with its schedule, sent and ended when
+        the runner gave up (its client queue is the whole wait), so no due request vanishes."""
+        now = self.clock()
+        out = []
+        for j in range(first, len(offsets)):
+            if t0 + offsets[j] >= end:
+                break  # offsets ascend: the rest were not due
+            rec = RequestRecord(
+                requests[j].id, now, now, ok=False, error=NOT_SENT, warmup=warmup,
+                t_scheduled=t0 + offsets[j],
+            )  # fmt: skip
+            out.append(self._emit(rec))
+        return out
 
     async def _cancel_at_stop(self, tasks: list[asyncio.Task[RequestRecord]]) -> None:
         """Once the stop's grace is over, cancel the requests in flight: each records itself as

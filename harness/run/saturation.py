@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from harness.analysis.capacity.saturation import ALPHA, EVERY, MIN_REQUESTS, saturation_check
-from harness.core.records import RequestRecord
+from harness.core.records import NOT_SENT, RequestRecord
 
 SATURATED = "saturated"
 DENSE = 200  # requests up to which a point looks every EVERY (look_after)
@@ -100,6 +100,8 @@ class SaturationMonitor:
             self.t0 = math.nan
             return
         if self.clock is None or self.verdict is not None or math.isnan(self.t0):
+            return
+        if rec.error == NOT_SENT:  # never sent: no completion of the server's to count
             return
         if self.done >= self._cols.shape[1]:  # more records than sends planned: grow
             self._cols = np.concatenate([self._cols, np.zeros((4, max(1, self.done)))], axis=1)

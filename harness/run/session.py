@@ -224,7 +224,7 @@ class Session(BlockSchedule):
                 self.journal.write("record", {"key": cell.key, "record": rec.to_json(t0)})
             if bar is not None and not rec.warmup:
                 bar.update(1)
-            if why := counts.add(rec.ok, rec.warmup, self.plan.max_error_rate):
+            if why := counts.add(rec.ok, rec.warmup, self.plan.max_error_rate, rec.error):
                 self.stop.set(why)
 
         runner = Runner(

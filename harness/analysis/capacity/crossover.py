@@ -1,5 +1,6 @@
 """The crossover in capacity terms: the request rate at which a speculative variant's latency
-(E2E at the SLO's quantile: the deciding latency at a rate, as in
+(E2E at the SLO's quantile, from each request's scheduled arrival: the deciding latency at a
+rate on the clock the paired comparisons use, :data:`harness.analysis.comparisons.paired.LATENCIES`,
 :func:`harness.analysis.comparisons.paired.deciding_metric`) stops being better than the baseline's, with a
 CI, from the capacity search's probed points (saturated probes left out: their latency only
 measured the queue)."""

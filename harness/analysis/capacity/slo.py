@@ -29,6 +29,7 @@ from harness.analysis.comparisons.stats import (
     compare_log_ratios,
     log_ratio_ci,
 )
+from harness.core.records import NOT_SENT
 from harness.core.results import Run
 
 SATURATED_MARGIN = math.log(2.0)  # a saturated probe fails: its margin is at least this
@@ -61,16 +62,23 @@ def probe_entry(run: Run, slo_ms: Mapping[str, float], q: float) -> dict[str, An
     meeting one metric's bound), quantiles (s), and whether it saturated. None: not a rate.
     The margin judges latency as the user waits it (from the schedule: GOODPUT_METRICS);
     ``margin_from_send`` is the one a client that fell behind would have claimed, and
-    ``client_queue_s`` the schedule-to-send wait at the quantile (harness.analysis.schedule)."""
+    ``client_queue_s`` the schedule-to-send wait at the quantile (harness.analysis.schedule).
+    A request due that the client never sent (``not_sent``) misses every bound from the
+    schedule (an infinite latency); from the send it is left out, as such a client would."""
     rate = run.cell.load.get("request_rate")
     if rate is None or not (run.status == "ok" or run.status.startswith("saturated")):
         return None
     rs = run.counted
+    # due but never sent (harness.core.records.NOT_SENT): a miss of every bound from the schedule
+    missed = sum(r.error == NOT_SENT for r in run.records if not r.warmup)
     quant: dict[str, float | None] = {}
     shares = []
     for name in ("ttft", "tpot", "e2e"):
-        xs = np.array([v for r in rs if (v := GOODPUT_METRICS[name](r)) is not None], dtype=float)
-        quant[name] = float(np.quantile(xs, q)) if xs.size else None
+        xs = [v for r in rs if (v := GOODPUT_METRICS[name](r)) is not None]
+        xs = np.array(xs + [math.inf] * missed, dtype=float)
+        with np.errstate(invalid="ignore"):  # inf - inf between two unsent: nan
+            v = float(np.quantile(xs, q)) if xs.size else math.nan
+        quant[name] = v if math.isfinite(v) else None  # None: among the unsent (margin inf)
         if name in slo_ms:
             shares.append(float(np.mean(xs * 1000.0 <= slo_ms[name])) if xs.size else 0.0)
     saturated = run.status.startswith("saturated")
@@ -87,6 +95,7 @@ def probe_entry(run: Run, slo_ms: Mapping[str, float], q: float) -> dict[str, An
         "quantiles_s": quant,
         "saturated": saturated,
         "n": len(rs),
+        "not_sent": missed,
     }
 
 

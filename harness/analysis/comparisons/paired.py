@@ -19,14 +19,17 @@ from harness.analysis.comparisons.stats import (
     t975,
 )
 from harness.core.design import INTERLEAVED, SEPARATE, SEQUENTIAL, design_of
+from harness.core.load import open_loop
 from harness.core.records import RequestRecord
 from harness.core.results import Run, group_runs
 
-# Per-request metrics: lower is better, so a speedup is baseline / candidate.
+# Per-request metrics: lower is better, so a speedup is baseline / candidate. TTFT and E2E as the
+# user waits them (DESIGN rule 11): from the schedule under an open loop, from the send in a
+# closed one; the same clock as --slo, --goodput and the rate crossover (GOODPUT_METRICS).
 LATENCIES: dict[str, Callable[[RequestRecord], float | None]] = {
     "tpot": lambda r: r.tpot,
-    "ttft": lambda r: r.ttft,
-    "e2e": lambda r: r.e2e,
+    "ttft": lambda r: r.user_ttft,
+    "e2e": lambda r: r.user_e2e,
 }
 METRICS = ("output_tok_s", *LATENCIES)
 
@@ -50,10 +53,10 @@ def pair_design(runs: Iterable[Run]) -> str:
 
 def deciding_metric(mode: str, load: Mapping[str, Any]) -> str:
     """The metric whose verdict is the point's verdict: tokens/s where the load is a closed loop
-    (the harness keeps N in flight, so throughput is what it measures); E2E per request at an
-    offered request rate, where tokens/s only echoes the arrival schedule."""
-    open_loop = load.get("request_rate") is not None or load.get("arrivals") == "trace"
-    return "e2e" if mode == "throughput" and open_loop else "output_tok_s"
+    (the harness keeps N in flight, so throughput is what it measures); E2E per request under an
+    open loop (a rate, a ramp, a trace: :func:`harness.core.load.open_loop`), where tokens/s
+    only echoes the arrival schedule."""
+    return "e2e" if mode == "throughput" and open_loop(load) else "output_tok_s"
 
 
 def _by_repeat(runs: list[Run]) -> dict[int, Run]:
@@ -158,7 +161,7 @@ def comparisons(
                      "no significant difference" | "n/a (n too small)" |
                      "n/a (sequential design)" | "n/a"
         decides      True on the metric that decides this pair at this point: output_tok_s
-                     in closed loop, e2e at a --request-rate (see deciding_metric)
+                     in closed loop, e2e under an open loop (see deciding_metric)
         design       how the pair's runs were scheduled (harness.core.design: "interleaved",
                      "sequential", "mixed", "unknown", "separate sessions")
         (harness.analysis.derived adds ``id`` and ``lossless``, the index of the pair's output check)

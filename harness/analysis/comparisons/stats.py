@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.core.records import RequestRecord
+from harness.core.records import NOT_SENT, RequestRecord
 
 PERCENTILES = (50, 90, 99)
 
@@ -73,7 +73,7 @@ def summarize(
     duration = end - start
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_tokens or 0 for r in ok)
-    sends = sorted(r.t_send for r in counted)
+    sends = sorted(r.t_send for r in counted if r.error != NOT_SENT)  # what the client sent
     span = sends[-1] - sends[0]
     out.update(
         duration_s=duration,

@@ -29,9 +29,11 @@ def crossover(comparisons: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             continue
         if not c["decides"] or c.get("estimate") is None:
             continue
-        x = _x(c)
-        if x is None:  # latency mode: one in flight, the first point of a concurrency series
+        if c["mode"] == "latency":  # one in flight: the first point of a concurrency series
             latency[(c["candidate"], c["max_new_tokens"], "concurrency")] = i
+            continue
+        x = _x(c)
+        if x is None:  # on no axis (a ramp, a trace): not a point of a series
             continue
         unit, value = x
         series.setdefault((c["candidate"], c["max_new_tokens"], unit), []).append((value, i))
