@@ -3,7 +3,7 @@
 The stub (``bench/stub_server.py``, its own process, no send log) answers every request at once
 with a short stream, so the client side is what limits the request rate, as far as the cores
 allow. Sides, rotated round by round: the harness's own process (the default: Runner +
-OpenAIEngine in the event loop), then :class:`harness.run.client_workers.ClientPool` with 1, 2 and 4
+OpenAIEngine in the event loop), then :class:`harness.run.clients.workers.ClientPool` with 1, 2 and 4
 worker processes (the same Runner in each worker, records sent back to the parent). Each side
 runs one closed-loop point (``Concurrent(C)``, C split across the workers); figures per round:
 req/s over the wall time, the client's CPU per request (the parent's ``time.process_time`` plus
@@ -84,7 +84,7 @@ def _has_ray() -> bool:
 async def run(quick: bool) -> Result:
     from engines.base import EngineConfig
     from engines.openai.engine import OpenAIEngine
-    from harness.run.client_workers import ClientPool
+    from harness.run.clients.workers import ClientPool
 
     res = Result("workers", "6. Client capacity vs --client-workers (zero-delay stub)")
     n, rounds = (256, 1) if quick else (2000, 5)
@@ -113,7 +113,7 @@ async def run(quick: bool) -> Result:
                 pools[side] = await ClientPool.start(engine, w, time.perf_counter)
             if ray:
                 from bench.ray_cluster import local_cluster
-                from harness.run.ray_clients import RayClientPool
+                from harness.run.clients.ray_actors import RayClientPool
 
                 address = st.enter_context(local_cluster(2, str(Path(work) / "ray")))
                 res.commands.append("bench/ray_cluster.py: 2 x ray start on 127.0.0.1")

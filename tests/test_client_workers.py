@@ -1,5 +1,5 @@
 """``--client-workers``: requests sent from several client processes, merged as if one client had
-sent them (harness.run.client_workers). The end-to-end tests run the whole CLI against the scripted
+sent them (harness.run.clients.workers). The end-to-end tests run the whole CLI against the scripted
 fake server (tests/fake_server.py, known delays) once with one client and once with two."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from harness.cli.main import main
 from harness.core.records_file import load_with_records
-from harness.run.client_workers import ClientPool, split
+from harness.run.clients.workers import ClientPool, split
 from tests.clock import FakeClock
 from tests.fake_server import Behaviour, FakeServer
 from tests.test_faults import ServerThread, run_harness
@@ -151,7 +151,7 @@ def test_a_worker_sends_on_the_parents_t0(ahead, sent) -> None:
     from multiprocessing import Pipe
 
     from engines.base import GenParams, Request
-    from harness.run.client_process import Job, Records, Share, WorkerLoop
+    from harness.run.clients.process import Job, Records, Share, WorkerLoop
     from tests.clock import ScriptedEngine
 
     offsets = (0.0, 0.5, 1.25, 3.0)

@@ -1,6 +1,6 @@
 """``--client-workers N --ray-address ADDR``: client workers as Ray actors on a real local Ray
 cluster of two nodes (two ``ray start`` on 127.0.0.1, each its own raylet and resources), against
-the scripted fake server with known delays (harness.run.ray_clients).
+the scripted fake server with known delays (harness.run.clients.ray_actors).
 
 Ray binds some services to the host's own address, so the cases run in a fresh network
 namespace with only loopback (``unshare -n``): outside one, this module's one test runs its
@@ -107,7 +107,7 @@ def test_a_killed_actor_loses_only_its_in_flight_request(ray_cluster) -> None:
     from engines.base import EngineConfig, GenParams, Request
     from engines.openai.engine import OpenAIEngine
     from harness.core.load import Concurrent
-    from harness.run.ray_clients import RayClientPool
+    from harness.run.clients.ray_actors import RayClientPool
     from harness.run.runner import Runner
 
     n = 16

@@ -236,8 +236,8 @@ def test_a_client_worker_keeps_the_schedule_on_the_runners_clock() -> None:
     client queue is unchanged; the job arrived 2 s late, so the overdue requests queued."""
     from multiprocessing import Pipe
 
-    from harness.run.client_process import Job, Records, Share, WorkerLoop
-    from harness.run.client_workers import lost_records, shifted
+    from harness.run.clients.process import Job, Records, Share, WorkerLoop
+    from harness.run.clients.workers import lost_records, shifted
     from tests.clock import ScriptedEngine
 
     offsets, planted = (0.0, 0.5, 1.25, 3.0), 7.0

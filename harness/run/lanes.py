@@ -63,7 +63,7 @@ class Lane:
     config: EngineConfig
     engine: Engine | None = None
     info: dict[str, Any] = field(default_factory=dict)
-    clients: Any = None  # harness.run.client_workers.ClientPool under --client-workers N > 1
+    clients: Any = None  # harness.run.clients.workers.ClientPool under --client-workers N > 1
     step_costs: Any = None  # measured at the lane's first start, kept for later instances
 
     def with_share(self, n: int) -> Lane:

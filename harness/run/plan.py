@@ -84,7 +84,7 @@ class RunPlan:
     percentile_metrics: tuple[str, ...] = ()  # asked for: a percentile table per point
     metadata: Mapping[str, str] = field(default_factory=dict)  # --metadata KEY=VALUE
     eagle3_model: str | None = None  # the EAGLE-3 head that goes with --model (shipped family)
-    client_workers: int = 1  # HTTP engines: client processes sending (harness.run.client_workers)
+    client_workers: int = 1  # HTTP engines: client processes sending (harness.run.clients.workers)
     ray_address: str | None = None  # those workers as Ray actors on this cluster (run.ray_clients)
     # ---- requests and sampling
     temperature: float = 0.0

@@ -26,7 +26,7 @@ POLL_S = 0.05  # how often a run checks whether its in-flight requests must be c
 
 class Clients(Protocol):
     """Client processes that send a run's requests for the runner (``--client-workers``,
-    :mod:`harness.run.client_workers`): the runner still reads the start instant and hands it over."""
+    :mod:`harness.run.clients.workers`): the runner still reads the start instant and hands it over."""
 
     async def run(
         self,

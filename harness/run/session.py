@@ -26,6 +26,7 @@ from harness.core.design import (
 from harness.core.records import RequestRecord
 from harness.core.results import Cell, Run
 from harness.run.blocks import BlockSchedule
+from harness.run.clients.ray_actors import start_pool
 from harness.run.conversations import sender
 from harness.run.counters import RunCounters
 from harness.run.energy import EnergyMeter, Reading, energy_meter
@@ -40,7 +41,6 @@ from harness.run.lanes import (
     unsupported_method,
 )
 from harness.run.plan import Point, RunPlan
-from harness.run.ray_clients import start_pool
 from harness.run.runner import Runner, error_line
 from harness.run.saturation import monitor_for
 from harness.run.stopping import Stopper, stopper_for

@@ -40,7 +40,7 @@ from typing import Any
 from engines.base import EngineError, GenParams, Request
 from harness.core.load import LoadStrategy, open_loop
 from harness.core.records import RequestRecord
-from harness.run.client_process import (
+from harness.run.clients.process import (
     SHARED_CLOCKS,
     Close,
     Done,
@@ -92,7 +92,7 @@ def refusal(engines: Sequence[str], workers: int, ray: bool = False) -> str | No
 @dataclass
 class WorkerHandle:
     """One worker as the pool sees it. ``offset_s``: the worker's clock minus the runner's
-    (0 on one host: one clock; estimated per host for Ray workers, harness.run.ray_clients)."""
+    (0 on one host: one clock; estimated per host for Ray workers, harness.run.clients.ray_actors)."""
 
     index: int
     proc: Any

@@ -1,4 +1,4 @@
-"""One client process of ``--client-workers`` (see :mod:`harness.run.client_workers`): the messages
+"""One client process of ``--client-workers`` (see :mod:`harness.run.clients.workers`): the messages
 it exchanges with the parent over one duplex pipe, and its loop: start an ``openai`` engine, then
 for each job run the same :class:`harness.run.runner.Runner` over its share of the schedule from the
 parent's ``t0``, on the clock the parent names, and send the records back in batches."""

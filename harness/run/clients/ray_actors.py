@@ -1,9 +1,9 @@
 """``--client-workers N --ray-address ADDR``: the client workers of ``--client-workers`` placed as
 Ray actors across a cluster's nodes, for loads one host cannot send.
 
-What stays the same (harness.run.client_workers): the parent's runner owns the schedule; each run
+What stays the same (harness.run.clients.workers): the parent's runner owns the schedule; each run
 deals the one seeded schedule to the workers; each worker runs the same loop
-(:class:`harness.run.client_process.WorkerLoop`, unchanged: inside the actor it talks over a
+(:class:`harness.run.clients.process.WorkerLoop`, unchanged: inside the actor it talks over a
 local pipe) with its own ``openai`` engine; records come back in batches, are journalled as they
 arrive and merged in send order, as if one client had sent them.
 
@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.base import EngineError
-from harness.run.client_process import SHARED_CLOCKS, Close, Exited, Failed, Ready, WorkerLoop
-from harness.run.client_workers import START_TIMEOUT_S, ClientPool, WorkerHandle
+from harness.run.clients.process import SHARED_CLOCKS, Close, Exited, Failed, Ready, WorkerLoop
+from harness.run.clients.workers import START_TIMEOUT_S, ClientPool, WorkerHandle
 
 INSTALL = "pip install 'spec-harness[distributed]' (or: pip install ray)"
 SYNC_ROUNDS = 8  # round trips per offset estimate; the tightest is kept
