@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
-from typing import Any, ClassVar
+import selectors
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from typing import Any, ClassVar, TypeVar
 
 from engines.base import Chunk, Engine, EngineConfig, GenParams, Request, SpecCounters
+
+T = TypeVar("T")
 
 
 class FakeClock:
@@ -97,3 +100,45 @@ class ScriptedEngine(Engine):
 
     def max_batch(self) -> int | None:
         return self._max_batch
+
+
+class _JumpingSelector(selectors.DefaultSelector):
+    """Never waits on a timer: where the loop would sleep ``timeout`` seconds for its next timer,
+    it polls once and moves the virtual clock forward by that much instead."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def select(self, timeout: float | None = None) -> list[Any]:
+        if timeout is None:  # no timer at all: only another thread or a socket can wake it
+            return super().select(None)
+        events = super().select(0)
+        if not events and timeout > 0:
+            self.clock.now += timeout
+        return events
+
+
+class VirtualLoop(asyncio.SelectorEventLoop):
+    """An event loop on virtual time: ``time()`` is ``clock``'s, and whenever no callback is ready
+    it jumps to the next timer. Code under test (``asyncio.sleep``, ``call_later``, a runner
+    given ``clock=loop.time``) runs unchanged; its timing depends on the awaits alone, never on
+    the machine's speed (CPU work takes no virtual time). A thread the loop waits on without a
+    timer pending is waited for in real time; with one pending, virtual time runs ahead."""
+
+    def __init__(self, clock: FakeClock | None = None) -> None:
+        self.clock = clock or FakeClock()
+        super().__init__(_JumpingSelector(self.clock))
+
+    def time(self) -> float:
+        return self.clock.now
+
+
+def run_virtual(main: Coroutine[Any, Any, T], clock: FakeClock | None = None) -> T:
+    """``asyncio.run(main)`` on a :class:`VirtualLoop`."""
+    loop = VirtualLoop(clock)
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()

@@ -19,7 +19,7 @@ from engines.base import Capabilities, Chunk, EngineConfig, GenParams, Request
 from harness.core.load import Poisson
 from harness.core.records import RequestRecord
 from harness.run.saturation import monitor_for
-from tests.clock import FakeClock, ScriptedEngine
+from tests.clock import FakeClock, ScriptedEngine, run_virtual
 from tests.test_design import _plan
 
 ASKED = SimpleNamespace(detect_saturation=True, slo=None, ramp_up_strategy=None)
@@ -120,7 +120,9 @@ def test_above_the_service_rate_stopped_within_a_bound(server, load: float, shar
 
 
 class QueueEngine(ScriptedEngine):
-    """A real-time server with two slots, each serving a request in 10 ms (200 requests/s)."""
+    """A server with two slots, each serving a request in 10 ms (200 requests/s). Its waits are
+    ``asyncio.sleep``: on :func:`tests.clock.run_virtual`'s loop they take virtual time, so the
+    queue (and the saturation it shows) is the same on any machine under any load."""
 
     capabilities: ClassVar[Capabilities] = Capabilities(coexist=True)
 
@@ -143,20 +145,29 @@ def queue_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(engines_base.REGISTRY, "scripted", "tests.test_saturation:QueueEngine")
 
 
-# not saturated: a tenth of the 200 req/s it serves (at 50, a quarter, a machine at load 12 whose
-# late timers slowed the service raised a false alarm in a shuffled fast-suite run)
-@pytest.mark.parametrize("rate, saturated", [(800.0, True), (20.0, False)])
-def test_session_stops_a_saturated_point_and_marks_it(queue_engine: None, rate: float,
-                                                      saturated: bool) -> None:  # fmt: skip
+def run_queue(plan: Any, n: int) -> Any:
+    """One lane of ``plan`` against the :class:`QueueEngine` on virtual time (the session's
+    clock is the loop's): its one run."""
     from harness.run.session import Session
 
+    clock = FakeClock()
+    prompts = [Request(f"p{i}", "x") for i in range(n)]
+    session = Session(plan, prompts, progress=False, clock=clock,
+                      engine_factory=lambda c: QueueEngine())  # fmt: skip
+    (run,) = run_virtual(session.execute([("baseline", EngineConfig("scripted", "m"))]), clock)
+    return run
+
+
+# on virtual time: neither outcome depends on the machine (on real time, at load 8-12, 800 req/s
+# once finished "ok", and 50 req/s once raised a false alarm)
+@pytest.mark.parametrize("rate, saturated", [(800.0, True), (50.0, False)])
+def test_session_stops_a_saturated_point_and_marks_it(queue_engine: None, rate: float,
+                                                      saturated: bool) -> None:  # fmt: skip
     plan = dataclasses.replace(
         _plan(), modes=("throughput",), concurrency=(), request_rates=(rate,), repeats=1,
         max_repeats=1, warmup=0, detect_saturation=True,
     )  # fmt: skip
-    prompts = [Request(f"p{i}", "x") for i in range(300)]
-    session = Session(plan, prompts, progress=False, engine_factory=lambda c: QueueEngine())
-    (run,) = asyncio.run(session.execute([("baseline", EngineConfig("scripted", "m"))]))
+    run = run_queue(plan, 300)
     if saturated:
         assert run.status.startswith("saturated: stopped after")
         assert run.extra["saturation"]["sent"] < 300 and len(run.records) < 300
@@ -203,15 +214,11 @@ def test_capacity_search_through_an_openai_endpoint(tmp_path, capsys) -> None:
 def test_a_ramp_stops_where_it_saturates(queue_engine: None) -> None:
     """A linear ramp 20 -> 1000 req/s against the 200 req/s queue: stopped as saturated, the
     asked rate at the stop above the service rate, every record carrying its send-time rate."""
-    from harness.run.session import Session
-
     plan = dataclasses.replace(
         _plan(), modes=("throughput",), concurrency=(), repeats=1, max_repeats=1, warmup=0,
         ramp_up_strategy="linear", ramp_up_start_rps=20.0, ramp_up_end_rps=1000.0,
     )  # fmt: skip
-    prompts = [Request(f"p{i}", "x") for i in range(600)]
-    session = Session(plan, prompts, progress=False, engine_factory=lambda c: QueueEngine())
-    (run,) = asyncio.run(session.execute([("baseline", EngineConfig("scripted", "m"))]))
+    run = run_queue(plan, 600)
     assert run.status.startswith("saturated"), run.status
     assert 200 < run.extra["saturation"]["request_rate_at_stop"] < 1000
     assert all(20 <= r.info["request_rate"] <= 1000 for r in run.records)
