@@ -19,7 +19,7 @@ def slo_text(cap: Mapping[str, Any]) -> str:
 
 
 def _rate(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3g}"
+    return "n/a" if x is None or x != x else f"{x:.3g}"  # x != x: nan (older files)
 
 
 def capacity_line(row: Mapping[str, Any]) -> str:
@@ -51,10 +51,18 @@ def crossover_text(x: Mapping[str, Any]) -> str:
     if x["kind"] != "stops paying":
         return f"{head}: faster at every probed rate (up to {_rate(x['at'])} req/s)"
     ci = "CI n/a" if x.get("lo") is None else f"[{_rate(x['lo'])}, {_rate(x['hi'])}]"
-    return (
-        f"{head}: stops being faster at {_rate(x['at'])} req/s {ci} "
-        f"(faster at {_rate(x['pays_up_to'])} req/s)"
+    if "not_faster_from" not in x:  # a file written before the bracket was stored
+        return (
+            f"{head}: stops being faster at {_rate(x['at'])} req/s {ci} "
+            f"(faster at {_rate(x['pays_up_to'])} req/s)"
+        )
+    between = (
+        f"{head}: stops being faster between {_rate(x['pays_up_to'])} and "
+        f"{_rate(x['not_faster_from'])} req/s (the mean speedup per probed rate)"
     )
+    if x.get("at") is None:
+        return f"{between}; no crossing estimated: {x.get('no_estimate', 'n/a')}"
+    return f"{between}; fitted crossing {_rate(x['at'])} req/s {ci} n={x.get('n')}"
 
 
 def behind_line(b: Mapping[str, Any], q: float) -> str:
