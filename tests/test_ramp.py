@@ -104,3 +104,20 @@ def test_slo_runs_a_fixed_number_of_repeats_under_the_sequential_default(given, 
     plan = build_plan(args, *model_names(args))
     assert (plan.stopping, plan.repeats, plan.max_repeats) == ("fixed", repeats, repeats)
     assert repeats_line(plan).startswith(f"{repeats} (fixed: --slo's")
+
+
+def test_the_slo_dry_run_says_what_the_search_runs(capsys) -> None:
+    """--slo runs one engine instance per lane for the whole search (harness.run.capacity), its
+    rates and so its requests chosen as it runs: the plan says so, not a rebuild per block nor
+    the requests of the points the flags alone would give."""
+    from harness.cli.main import main
+
+    argv = ["--engine", "vllm", "--spec", "ngram", "--model", "tiny", "--slo", "ttft:2000",
+            "tpot:200", "--slo-start-rate", "2", "--slo-max-probes", "6", "--dry-run"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "design: interleaved; engines built: one per lane for the whole search (2 in all)" in out
+    assert "capacity search: rates from 2 req/s, chosen as it runs, at most 6 probed; each " \
+           "probe 5 s of Poisson arrivals x 3 repeats per lane" in out  # fmt: skip
+    assert "vllm/ngram: one engine for the whole search" in out
+    assert "per block" not in out and " requests (+" not in out and "measured" not in out

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from engines.base import REGISTRY, EngineConfig, Request, engine_class
 from harness.flags.engine_args import describe
@@ -112,20 +113,23 @@ def render(view: Preview, plan: RunPlan) -> str:
     if plan.max_model_len is not None:
         takers = [e for e in plan.engines if "max_model_len" in plan.args_for(e)]
         lines.append(f"  --max-model-len {plan.max_model_len}: {', '.join(takers)}")
-    lines.append(
-        f"  design: {view.design}; engines built per block: {view.builds_per_block} "
-        f"({sum(view.builds_per_block)} in all)"
-    )
+    built = f"engines built per block: {view.builds_per_block}"
+    if view.search is not None:  # one instance per lane, however many rates it probes
+        built = "engines built: one per lane for the whole search"
+    lines.append(f"  design: {view.design}; {built} ({sum(view.builds_per_block)} in all)")
     lines.append(f"  repeats: {repeats_line(plan)}")
+    if view.search is not None:
+        lines.append(f"  capacity search: {search_line(view.search)}")
     lines.append("  lanes:")
     for lane in view.lanes:
         if not lane["built"]:
             lines.append(f"    {lane['lane']}: not built ({lane['status']})")
             continue
         m = lane.get("memory")
-        text = (
-            f"    {lane['lane']}: {lane['requests']} requests (+{lane['warmup_requests']} warm-up)"
-        )
+        if view.search is not None:
+            text = f"    {lane['lane']}: one engine for the whole search"
+        else:
+            text = f"    {lane['lane']}: {lane['requests']} requests (+{lane['warmup_requests']} warm-up)"
         if m:
             own = f"weights {gib(m['weights_bytes'])}"
             if m.get("shares_with"):
@@ -141,7 +145,8 @@ def render(view: Preview, plan: RunPlan) -> str:
             if m.get("unknown"):
                 text += "; size unknown"
         lines.append(text)
-    lines.append(f"  requests: {view.requests} measured, {view.new_tokens} new tokens at most")
+    if view.requests is not None:
+        lines.append(f"  requests: {view.requests} measured, {view.new_tokens} new tokens at most")
     if view.estimate_s is not None:
         lines.append(f"  estimate: ~{view.estimate_s} s ({view.estimate_why})")
     else:
@@ -155,6 +160,16 @@ def render(view: Preview, plan: RunPlan) -> str:
         lines.append(f"  memory: peak {gib(mem.peak_bytes)} of {usable} usable: {verdict}")
     lines += [f"  {line}" for line in [*download_lines(view), *not_run_lines(view)]]
     return "\n".join(lines)
+
+
+def search_line(search: dict[str, Any]) -> str:
+    """What the --slo search runs: its requests follow from the rates it chooses as it runs."""
+    return (
+        f"rates from {search['start_rate']:g} req/s, chosen as it runs, at most "
+        f"{search['max_probes']} probed; each probe {search['probe_s']:g} s of Poisson arrivals "
+        f"x {search['repeats']} repeats per lane (+{search['warmup_requests_per_probe']} warm-up "
+        "requests per lane and probe); the requests follow from the rates"
+    )
 
 
 def repeats_line(plan: RunPlan) -> str:

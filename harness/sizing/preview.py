@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import islice
 from typing import Any
 
 from engines.base import REGISTRY, EngineConfig, Request, engine_class, speculative_config
 from harness.core.design import ONE, PER_BLOCK
+from harness.run.capacity import CapacityPlan, search_plan
 from harness.run.lanes import Lane, unsupported_method
 from harness.run.plan import EAGLE, Point, RunPlan
 from harness.sizing.hub import hub_status, is_hub_id
@@ -52,8 +54,9 @@ class Preview:
     design: str  # "interleaved" or "sequential"
     lanes: list[dict[str, Any]] = field(default_factory=list)
     builds_per_block: list[int] = field(default_factory=list)
-    requests: int = 0
-    new_tokens: int = 0
+    requests: int | None = 0  # None: a capacity search, whose rates are chosen as it runs
+    new_tokens: int | None = 0
+    search: dict[str, Any] | None = None  # --slo: what the search runs (search_entry)
     estimate_s: float | None = None
     estimate_why: str = ""
     memory: MemoryPlan | None = None
@@ -79,6 +82,7 @@ class Preview:
             "device_defaults": self.device_defaults,
             "downloads": self.downloads,
             "settings": self.settings,
+            "search": self.search,
         }
 
 
@@ -91,6 +95,18 @@ def equal_settings(configs: Sequence[tuple[str, EngineConfig]]) -> list[str]:
         if why and c.engine not in out:
             out[c.engine] = f"{c.engine}: async scheduling {why}"
     return list(out.values())
+
+
+def search_entry(plan: CapacityPlan) -> dict[str, Any]:
+    """What a capacity search runs, known before it starts: its rates and so its requests are
+    chosen as it runs (:mod:`harness.run.capacity`), one engine instance per lane throughout."""
+    return {
+        "start_rate": plan.slo_start_rate,
+        "max_probes": plan.slo_max_probes,
+        "probe_s": plan.duration,
+        "repeats": plan.repeats,
+        "warmup_requests_per_probe": plan.warmup,
+    }
 
 
 def not_run(plan: RunPlan, engine_methods: Mapping[str, Sequence[str]]) -> list[dict[str, str]]:
@@ -129,13 +145,16 @@ def preview(
 ) -> Preview:
     """The plan of ``configs`` on ``device``, as :class:`harness.run.session.Session` will run it
     (its design, instances and points), with the memory of every lane it builds."""
+    plan = search_plan(plan)  # --slo: the search's own plan (its instances, its first rate)
+    search = plan if isinstance(plan, CapacityPlan) else None
     lanes = [Lane(label, c) for label, c in configs]
     built = [lane for lane in lanes if not unsupported_method(lane.config)]
     coexist = plan.interleave and len(lanes) > 1 and all(lane.coexist for lane in lanes)
     design = "interleaved" if coexist or len(lanes) == 1 else "sequential"
     per_block = all(lane.instances(plan.instances) == PER_BLOCK for lane in built)
-    points = list(plan.points())
+    points = list(islice(plan.points(), 1) if search else plan.points())  # a search: its first
     out = Preview(device, plan.resolved_dtype or plan.dtype, dtype_why, design)
+    out.search = None if search is None else search_entry(search)
     out.not_run = not_run(plan, engine_methods)
     out.settings = equal_settings(configs)
     blocks = plan.repeats if per_block else 1
@@ -160,6 +179,10 @@ def preview(
             continue
         entry["built"] = True
         entry["instances"] = PER_BLOCK if per_block else ONE
+        if search is not None:  # requests: as many as the rates the search will choose
+            entry["requests"] = entry["warmup_requests"] = out.requests = out.new_tokens = None
+            out.lanes.append(entry)
+            continue
         n_req = sum(len(plan.point_requests(p, requests)) for p in points) * plan.repeats
         warm = plan.warmup * len(points) * (plan.repeats if per_block else 1)
         entry["requests"] = n_req
@@ -181,7 +204,10 @@ def preview(
         mine = next((m for m in memory.lanes if m.lane == entry["lane"]), None)
         if mine is not None:
             entry["memory"] = mine.to_json()
-    _estimate(out, plan, built, requests, points, blocks, sizes or Sizes())
+    if search is None:
+        _estimate(out, plan, built, requests, points, blocks, sizes or Sizes())
+    else:
+        out.estimate_why = "no estimate: the search chooses its rates as it runs"
     return out
 
 
