@@ -82,12 +82,14 @@ def test_two_ray_nodes_match_one_local_worker(tmp_path, ray_cluster, monkeypatch
     assert per[1]["uncertainty_s"] < 1e-3 or abs(per[1]["offset_s"] - planted) < 1e-3
     senders = {r["info"]["client_worker"] for r in r2["records"]}
     assert senders == {0, 1}
-    # Ray ~ local: within half the planted offset, which an uncorrected (or twice corrected)
-    # stamp would miss by; not within 30 ms, which a loaded machine passes (TTFT 0.047 s local,
-    # 0.101 s over Ray at load 8-10 on 2 cores: the truth is 0.04)
+    # Both clients see at least the server's injected delays. How close Ray's figures come to a
+    # local worker's is a speed question for the benchmark (bench/RESULTS.md section 6), not a
+    # bound here: at load 13 on 2 cores the median E2E was 0.165 s local and 0.337 s over Ray
+    # (truth 0.09). A latency is a difference of one worker's own stamps, so the offset does not
+    # enter it; the correction is checked on the send times below and on the estimate above.
     for key, truth in (("ttft_s", FIRST_S), ("tpot_s", ITL_S), ("e2e_s", FIRST_S + 5 * ITL_S)):
         a, b = r1["summary"][key]["median"], r2["summary"][key]["median"]
-        assert truth <= a and truth <= b and abs(a - b) < planted / 2, (key, a, b)
+        assert truth <= a and truth <= b, (key, a, b)
     # corrected: worker 1's stamps are on the runner's time line, not 0.25 s ahead of it
     sends = {r["info"]["client_worker"]: [] for r in r2["records"]}
     for r in r2["records"]:

@@ -1,7 +1,7 @@
 """Whether the client workers' clocks were known well enough for the latencies they stamped.
 
 Ray workers on other hosts stamp with their own monotonic clocks; the coordinator converts those
-stamps with an offset estimated by round trips (harness.run.ray_clients), known to within
+stamps with an offset estimated by round trips (harness.run.clients.ray_actors), known to within
 ``uncertainty_s``. TTFT and E2E are differences of one worker's own stamps, so an offset error
 moves a request's send time on the common time line, not its latency; but the schedule (who sent
 when, send lag, load over time) is only as good as the offset. A run whose worst uncertainty is

@@ -98,7 +98,7 @@ def build_plan(
     workers = getattr(args, "client_workers", 1)
     ray_address = getattr(args, "ray_address", None)
     if workers > 1 or ray_address:
-        from harness.run.client_workers import refusal
+        from harness.run.clients.workers import refusal
 
         why = refusal(engines, workers, ray=bool(ray_address))
         if why:
@@ -106,7 +106,7 @@ def build_plan(
     if ray_address:
         import importlib.util
 
-        from harness.run.ray_clients import INSTALL
+        from harness.run.clients.ray_actors import INSTALL
 
         if importlib.util.find_spec("ray") is None:
             raise UsageError(f"--ray-address needs Ray: {INSTALL}")
