@@ -176,8 +176,10 @@ def test_session_stops_a_saturated_point_and_marks_it(queue_engine: None, rate: 
 
 
 def test_capacity_search_through_an_openai_endpoint(tmp_path, capsys) -> None:
-    """The search on an HTTP engine: a fake OpenAI server that queues (one slot, 20 ms a
-    request: 50 requests/s); --slo ttft:100 is bracketed, stored in results.json, printed."""
+    """The search on an HTTP engine: a fake OpenAI server that queues (one slot, 50 ms a
+    request: 20 requests/s); --slo ttft:500 is bracketed, stored in results.json, printed. The
+    bound leaves 450 ms for the client's own overhead at the low rates (at load 14 on 2 cores a
+    20 ms service under a 100 ms bound failed at every rate), while 64 req/s queues seconds."""
     import json
     import threading
     import time
@@ -192,13 +194,13 @@ def test_capacity_search_through_an_openai_endpoint(tmp_path, capsys) -> None:
     def queued(i: int) -> Behaviour:
         with lock:
             now = time.monotonic()
-            free[0] = max(free[0], now) + 0.02
+            free[0] = max(free[0], now) + 0.05
             return Behaviour(tokens=3, first_delay=free[0] - now, delay=0.001)
 
     out = tmp_path / "out"
     argv = ["--engine", "openai", "--workload", workload(tmp_path, 8), "--max-new-tokens", "3",
-            "--repeats", "3", "--warmup", "0", "--duration", "0.6", "--slo", "ttft:100",
-            "--slo-start-rate", "8", "--slo-max-probes", "4", "--output-dir", str(out),
+            "--repeats", "3", "--warmup", "0", "--duration", "1.0", "--slo", "ttft:500",
+            "--slo-start-rate", "4", "--slo-max-probes", "6", "--output-dir", str(out),
             "--quiet", "--no-plots"]  # fmt: skip
     with ServerThread(FakeServer(queued)) as url:
         code = main([*argv, "--base-url", url])
@@ -207,8 +209,8 @@ def test_capacity_search_through_an_openai_endpoint(tmp_path, capsys) -> None:
     cap = json.loads((out / "results.json").read_text())["capacity"]
     (row,) = cap["variants"]
     assert row["status"] == "bracketed", cap["curves"]
-    assert 8 <= row["capacity"] <= 128
-    assert "## Capacity under the SLO (TTFT p90 <= 100 ms)" in printed
+    assert 4 <= row["capacity"] <= 64
+    assert "## Capacity under the SLO (TTFT p90 <= 500 ms)" in printed
 
 
 def test_a_ramp_stops_where_it_saturates(queue_engine: None) -> None:
