@@ -164,6 +164,46 @@ def test_session_stops_a_saturated_point_and_marks_it(queue_engine: None, rate: 
         assert run.status == "ok" and len(run.records) == 300
 
 
+class RebuiltQueue(QueueEngine):
+    """The same queue, rebuilt as a fresh instance every block."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities(coexist=True, rebuild_per_block=True)
+
+
+def test_per_block_instances_keep_running_a_point_whose_runs_saturate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Saturated is a finding, not a failure: with fresh instances per block, a point whose
+    runs saturate in block 0 still runs in blocks 1 and 2 on every lane (a failed run halts
+    its lane there: tests/test_instances.py)."""
+    from harness.core.design import PER_BLOCK
+    from harness.run.session import Session
+
+    monkeypatch.setitem(engines_base.REGISTRY, "scripted", "tests.test_saturation:RebuiltQueue")
+    plan = dataclasses.replace(
+        _plan(), modes=("throughput",), concurrency=(), request_rates=(800.0,), repeats=3,
+        max_repeats=3, warmup=0, detect_saturation=True, instances=PER_BLOCK,
+    )  # fmt: skip
+    prompts = [Request(f"p{i}", "x") for i in range(300)]
+    made: list[RebuiltQueue] = []
+    session = Session(
+        plan,
+        prompts,
+        progress=False,
+        engine_factory=lambda c: made.append(RebuiltQueue()) or made[-1],
+    )
+    configs = [(lb, EngineConfig("scripted", "m")) for lb in ("baseline", "baseline-aa")]
+    runs = asyncio.run(session.execute(configs))
+    assert set(session.instances.values()) == {PER_BLOCK}
+    assert sorted((r.cell.label, r.cell.repeat) for r in runs) == [
+        (lb, b) for lb in ("baseline", "baseline-aa") for b in range(3)
+    ]
+    assert all(r.status.startswith("saturated: stopped after") for r in runs), [
+        r.status for r in runs
+    ]
+    assert len(made) == 2 * 3  # a fresh pair of instances in every block
+
+
 def test_capacity_search_through_an_openai_endpoint(tmp_path, capsys) -> None:
     """The search on an HTTP engine: a fake OpenAI server that queues (one slot, 20 ms a
     request: 50 requests/s); --slo ttft:100 is bracketed, stored in results.json, printed."""
