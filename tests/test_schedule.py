@@ -245,7 +245,7 @@ def test_goodput_judges_from_the_schedule_and_one_token_passes_tpot() -> None:
     latency from its scheduled arrival (the requests held back by the blocks miss e2e:50 ms,
     though from the send every one took 10 us); a one-token request has no TPOT and passes a
     TPOT bound (as vLLM bench serve, which counts it as 0)."""
-    from harness.analysis.comparisons.stats import summarize
+    from harness.analysis.summary import summarize
 
     records = _records(Poisson(RATE, seed=3))
     duration = summarize(records)["duration_s"]

@@ -23,12 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.analysis.comparisons.stats import (
-    FROM_SEND,
-    GOODPUT_METRICS,
-    compare_log_ratios,
-    log_ratio_ci,
-)
+from harness.analysis.comparisons.stats import compare_log_ratios, log_ratio_ci
+from harness.analysis.summary import FROM_SEND, GOODPUT_METRICS
 from harness.core.results import Run
 
 SATURATED_MARGIN = math.log(2.0)  # a saturated probe fails: its margin is at least this
