@@ -187,7 +187,7 @@ def test_per_block_instances_keep_running_a_point_whose_runs_saturate(
 
         def should_stop() -> bool:
             if monitor.asked >= 5 and monitor.verdict is None:
-                monitor.verdict = {"sent": monitor.asked, "completed": len(monitor.ends)}
+                monitor.verdict = {"sent": monitor.asked, "completed": monitor.done}
             return ask()
 
         monitor.should_stop = should_stop  # type: ignore[method-assign]
