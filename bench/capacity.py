@@ -243,7 +243,7 @@ async def run(quick: bool) -> Result:
 
             async def a(texts: list[str] = texts, c: int = c) -> float:
                 recs = await _harness(stub.url, texts, tokens, c, zero)
-                from harness.analysis.comparisons.stats import summarize
+                from harness.analysis.summary import summarize
 
                 s = summarize(recs)
                 assert s["failed"] == 0, s["errors"]

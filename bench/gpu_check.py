@@ -115,7 +115,7 @@ def _raw(engine: Any, reqs: list[Any], tokens: int) -> dict[str, float]:
     import torch
 
     tok, m = engine.tokenizer, engine.model
-    gc = engine._gen_config(_params(), tokens)
+    gc = engine.generator.gen_config(_params(), tokens)
     t0, n = time.perf_counter(), 0
     with torch.inference_mode():
         for r in reqs:

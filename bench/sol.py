@@ -35,7 +35,7 @@ def weights_read_per_token(model: Any) -> tuple[int, int]:
 
 async def _decode_rate(engine: Any, texts: list[str], tokens: int) -> dict[str, float]:
     from engines.base import GenParams
-    from harness.analysis.comparisons.stats import summarize
+    from harness.analysis.summary import summarize
     from harness.core.load import Synchronous
     from harness.run.runner import Runner
 

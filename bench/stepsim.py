@@ -129,8 +129,8 @@ class StepSimEngine(VLLMEngine):
     def validate(cls, config: EngineConfig) -> None:
         return None
 
-    def _load(self) -> SimLLM:
-        return SimLLM(self.core)
+    def build(self) -> tuple[SimLLM, dict[str, Any], dict[str, Any], dict[str, Any]]:
+        return SimLLM(self.core), {}, {}, {}
 
     def sampling_params(self, request: Request, params: GenParams, delta: bool) -> Any:
         return types.SimpleNamespace(max_tokens=new_tokens(request))
@@ -142,5 +142,6 @@ class StepSimEngine(VLLMEngine):
     def stepper_cpu(self) -> float:
         """CPU seconds of the stepping thread so far (read from any thread). The thread is the
         process's, shared by every in-process engine: bench/cost.py runs one at a time."""
-        assert self._thread is not None and self._thread.ident is not None
-        return time.clock_gettime(time.pthread_getcpuclockid(self._thread.ident))
+        thread = self.lane.thread
+        assert thread is not None and thread.ident is not None
+        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))

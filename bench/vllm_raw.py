@@ -25,14 +25,14 @@ async def generate_batch(
         if core.has_unfinished_requests():
             raise EngineError("vllm: generate_batch needs an idle engine")
         if not streamed:
-            prompts = [engine.prompt_input(r) for r in requests]
+            prompts = [engine.lane.prompt_input(r) for r in requests]
             sps = [engine.sampling_params(r, params, delta=False) for r in requests]
             outs = llm.generate(prompts, sps, use_tqdm=False)
             return [list(o.outputs[0].token_ids) for o in outs]
         ids: dict[str, list[int]] = {}
         for i, r in enumerate(requests):
             rid = f"raw-{i}"  # unique while they run: the engine is idle before and after
-            engine.add_request(rid, r, engine.sampling_params(r, params, delta=True))
+            engine.lane.add_request(rid, r, engine.sampling_params(r, params, delta=True))
             ids[rid] = []
         while core.has_unfinished_requests():
             for out in core.step():

@@ -105,7 +105,9 @@ class ServerPool:
 
     def close_all(self) -> None:
         for name in list(self.live):
-            assert self.close(name).proc is None, f"{name}: server process left after close()"
+            assert self.close(name).process.pid is None, (
+                f"{name}: server process left after close()"
+            )
 
 
 @contextlib.contextmanager

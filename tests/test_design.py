@@ -13,7 +13,7 @@ import pytest
 from engines import base as engines_base
 from engines.base import Capabilities, Chunk, EngineConfig, GenParams, Request
 from harness.analysis.comparisons.paired import comparisons
-from harness.analysis.comparisons.stats import summarize
+from harness.analysis.summary import summarize
 from harness.core.design import INTERLEAVED, SEQUENTIAL, build_order, lane_order, warmup_requests
 from harness.run.plan import RunPlan
 from harness.run.session import Session

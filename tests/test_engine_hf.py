@@ -210,7 +210,7 @@ def test_stream_batch_matches_single(engines: dict[str, HFEngine]) -> None:
         # flip late in the sequence; the first tokens must agree.
         assert rows[i][:8] == single[:8]
 
-    eos = eng._eos_ids()
+    eos = eng.generator.eos_ids()
 
     async def until_eos() -> dict[int, list[int]]:
         rows: dict[int, list[int]] = {}

@@ -101,7 +101,7 @@ def test_a_one_token_answer_without_text_has_a_first_token(
     <|bos|>: one special token, so one event with empty text, finish_reason and usage. The record
     still has a first-token time (the answer's first event), says so, and the TTFT counts it."""
     from engines.openai.sse import FIRST_EVENT, TOKEN_CHUNK
-    from harness.analysis.comparisons.stats import summarize
+    from harness.analysis.summary import summarize
 
     engine = _openai(server, endpoint="completions", served_model=server.config.model)
     reqs = [

@@ -150,13 +150,13 @@ async def _stamped(engine: VLLMEngine, reqs: list[Request]) -> dict[str, Any]:
     import engines.vllm.lane as lane  # the stepping thread's hand-over, the event loop's wake
 
     sizes: list[int] = []  # outputs per hand-over
-    orig, orig_s = engine._deliver, ev.DELIVERY_S
+    orig, orig_s = engine.lane.deliver, ev.DELIVERY_S
 
     def counting(steps: list) -> None:
         sizes.append(sum(len(step.outputs) for step in steps))
         orig(steps)
 
-    engine._deliver = counting  # only the first step and the ends go at once
+    engine.lane.deliver = counting  # only the first step and the ends go at once
     ev.DELIVERY_S = lane.DELIVERY_S = 10.0
     try:
         t0 = time.perf_counter()
@@ -165,7 +165,7 @@ async def _stamped(engine: VLLMEngine, reqs: list[Request]) -> dict[str, Any]:
         )
         return {"t0": t0, "t1": time.perf_counter(), "chunks": chunks, "deliveries": sizes}
     finally:
-        del engine._deliver
+        engine.lane.deliver = orig
         ev.DELIVERY_S = lane.DELIVERY_S = orig_s
 
 
@@ -377,7 +377,7 @@ def test_close_then_start_another(pair: tuple[str, str], baseline: dict[str, Any
                 outs.append((await _stream_all(engine, _requests(2)))["ids"])
             finally:
                 await engine.close()
-            assert engine._llm is None and engine._thread is None
+            assert engine.lane.llm is None and engine.lane.thread is None
         return outs
 
     ngram_ids, base_ids = _run(go())
@@ -564,9 +564,9 @@ def test_a_failing_step_still_gives_the_thread_its_count_back() -> None:
         count["n"] = 2  # what numba's OpenMP layer does after an ngram proposal
         raise RuntimeError("step failed")
 
-    engine = VLLMEngine(EngineConfig(engine="vllm", model="m"))
-    engine._llm = SimpleNamespace(llm_engine=SimpleNamespace(step=step))
-    engine._threads = StepThreads(1, lambda: count["n"], lambda n: count.update(n=n))
+    lane = VLLMEngine(EngineConfig(engine="vllm", model="m")).lane
+    lane.llm = SimpleNamespace(llm_engine=SimpleNamespace(step=step))
+    lane.threads = StepThreads(1, lambda: count["n"], lambda n: count.update(n=n))
     with pytest.raises(RuntimeError):
-        engine.step()
-    assert count["n"] == 1 and engine._threads.restored == 1
+        lane.step()
+    assert count["n"] == 1 and lane.threads.restored == 1

@@ -38,7 +38,7 @@ PARAMS = GenParams(ignore_eos=True)
 def servers(managed_servers: ServerPool) -> dict[str, Any]:
     pool = managed_servers.get("vllm-base", "vllm-spec")
     base, spec = pool["vllm-base"], pool["vllm-spec"]
-    pids = {e: _tree(e.proc.pid) for e in (base, spec) if e.proc is not None}
+    pids = {e: _tree(e.process.pid) for e in (base, spec) if e.process.pid is not None}
     return {"base": base, "spec": spec, "pids": pids, "target": base.config.model}
 
 
@@ -180,12 +180,14 @@ def test_close_leaves_no_process_and_frees_the_port(servers, managed_servers) ->
     (tests/test_vllm_bench_files.py) and is closed, and checked gone, at the session's end."""
     engine = managed_servers.close("vllm-spec")  # a later user of the pool starts it again
     port = engine.port
-    assert engine.proc is None
+    assert engine.process.pid is None
     left = [p for p in servers["pids"][engine] if _alive(p)]
     assert not left, [psutil.Process(p).cmdline() for p in left]
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0
-    others = {p for e in managed_servers.live.values() if e.proc for p in _tree(e.proc.pid)}
+    others = {
+        p for e in managed_servers.live.values() if e.process.pid for p in _tree(e.process.pid)
+    }
     assert not [
         p
         for p in psutil.Process().children(recursive=True)
@@ -259,7 +261,7 @@ def test_server_that_dies_raises_with_log_tail(tmp_path: Path) -> None:
         asyncio.run(engine.start())
     msg = str(info.value)
     assert "exited with code 3" in msg and "ValueError: no such model" in msg
-    assert engine.proc is None
+    assert engine.process.pid is None
 
 
 def test_start_timeout_kills_the_whole_group(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from harness.analysis.comparisons.pooled import spec_totals
+from harness.analysis.pooled import spec_totals
 from harness.analysis.sanity import blank_share, degenerate, loop_period, lossless
 from harness.analysis.theory.speedup import best_gamma, expected_tokens, predicted_speedup, theory
 from harness.core.records import RequestRecord

@@ -175,6 +175,62 @@ def test_session_stops_a_saturated_point_and_marks_it(queue_engine: None, rate: 
         assert run.status == "ok" and len(run.records) == 300
 
 
+class RebuiltQueue(QueueEngine):
+    """The same queue, rebuilt as a fresh instance every block."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities(coexist=True, rebuild_per_block=True)
+
+
+def test_per_block_instances_keep_running_a_point_whose_runs_saturate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Saturated is a finding, not a failure: with fresh instances per block, a point whose
+    runs saturate in block 0 still runs in blocks 1 and 2 on every lane (a failed run halts
+    its lane there: tests/test_instances.py). The monitor's verdict comes after 5 sends
+    whatever the machine's speed (detecting a real overload: the test above)."""
+    import harness.run.session as session_module
+    from harness.core.design import PER_BLOCK
+    from harness.run.session import Session
+
+    def saturating(*args: Any) -> Any:
+        monitor = monitor_for(*args)
+        ask = monitor.should_stop
+
+        def should_stop() -> bool:
+            if monitor.asked >= 5 and monitor.verdict is None:
+                monitor.verdict = {"sent": monitor.asked, "completed": monitor.done}
+            return ask()
+
+        monitor.should_stop = should_stop  # type: ignore[method-assign]
+        return monitor
+
+    monkeypatch.setattr(session_module, "monitor_for", saturating)
+    monkeypatch.setitem(engines_base.REGISTRY, "scripted", "tests.test_saturation:RebuiltQueue")
+    plan = dataclasses.replace(
+        _plan(), modes=("throughput",), concurrency=(), request_rates=(100.0,), repeats=3,
+        max_repeats=3, warmup=0, detect_saturation=True, instances=PER_BLOCK,
+    )  # fmt: skip
+    prompts = [Request(f"p{i}", "x") for i in range(30)]
+    made: list[RebuiltQueue] = []
+
+    def factory(config: EngineConfig) -> RebuiltQueue:
+        made.append(RebuiltQueue())
+        return made[-1]
+
+    session = Session(plan, prompts, progress=False, engine_factory=factory)
+    configs = [(lb, EngineConfig("scripted", "m")) for lb in ("baseline", "baseline-aa")]
+    runs = asyncio.run(session.execute(configs))
+    assert set(session.instances.values()) == {PER_BLOCK}
+    assert sorted((r.cell.label, r.cell.repeat) for r in runs) == [
+        (lb, b) for lb in ("baseline", "baseline-aa") for b in range(3)
+    ]
+    assert all(r.status.startswith("saturated: stopped after") for r in runs), [
+        r.status for r in runs
+    ]
+    assert all(0 < len(r.records) < 30 for r in runs)
+    assert len(made) == 2 * 3  # a fresh pair of instances in every block
+
+
 def test_capacity_search_through_an_openai_endpoint(tmp_path, capsys) -> None:
     """The search on an HTTP engine: a fake OpenAI server that queues (one slot, 50 ms a
     request: 20 requests/s); --slo ttft:500 is bracketed, stored in results.json, printed. The

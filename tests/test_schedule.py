@@ -272,7 +272,7 @@ def test_goodput_judges_from_the_schedule_and_one_token_passes_tpot() -> None:
     latency from its scheduled arrival (the requests held back by the blocks miss e2e:50 ms,
     though from the send every one took 10 us); a one-token request has no TPOT and passes a
     TPOT bound (as vLLM bench serve, which counts it as 0)."""
-    from harness.analysis.comparisons.stats import summarize
+    from harness.analysis.summary import summarize
 
     records = _records(Poisson(RATE, seed=3))
     duration = summarize(records)["duration_s"]
@@ -289,7 +289,7 @@ def test_requests_due_but_not_sent_by_the_end_are_recorded() -> None:
     Every one due gets a record: the unsent ones failed with the reason and their schedule, the
     summary counts them, the client-behind warning names them."""
     from harness.analysis.capacity.slo import probe_entry
-    from harness.analysis.comparisons.stats import summarize
+    from harness.analysis.summary import summarize
     from harness.core.records import NOT_SENT
     from harness.run.counters import RunCounters
     from tests.clock import ScriptedEngine

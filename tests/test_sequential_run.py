@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from engines.base import Chunk, EngineConfig, EngineError, GenParams, Request
-from harness.analysis.comparisons.pooled import point_key
 from harness.analysis.comparisons.sequential import rule_of
+from harness.analysis.pooled import point_key
 from harness.core.results import Run
 from harness.flags.parser import build_parser
 from harness.flags.plan import build_plan

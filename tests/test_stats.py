@@ -4,15 +4,9 @@ import numpy as np
 import pytest
 
 from harness.analysis.comparisons.paired import compare_groups, comparisons, precise_enough
-from harness.analysis.comparisons.pooled import pooled
-from harness.analysis.comparisons.stats import (
-    compare_log_ratios,
-    distribution,
-    median,
-    summarize,
-    t975,
-    verdict,
-)
+from harness.analysis.comparisons.stats import compare_log_ratios, median, t975, verdict
+from harness.analysis.pooled import pooled
+from harness.analysis.summary import distribution, summarize
 from harness.core.records import RequestRecord
 from harness.core.results import Cell, Run
 

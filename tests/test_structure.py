@@ -136,7 +136,8 @@ ENGINE_FREE = (
     "analysis/derived",
     "analysis/comparisons/stats",
     "analysis/comparisons/paired",
-    "analysis/comparisons/pooled",
+    "analysis/pooled",
+    "analysis/summary",
     "analysis/theory/speedup",
     "analysis/theory/crossover",
     "analysis/sanity",
@@ -199,3 +200,94 @@ def test_private_import_finder_sees_one(tmp_path: Path) -> None:
 def test_no_private_name_imported_across_modules() -> None:
     found = private_imports(_modules())
     assert not found, "private names imported from another module:\n" + "\n".join(found)
+
+
+# A class cut in two: a mixin in one module uses ``self._x`` that a class in another module
+# assigns (ruff's SLF001 lets ``self._x`` through), and declares ``_x: T`` to type it.
+RECORD_BASES = ("NamedTuple", "TypedDict", "Protocol")
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _fields_class(cls: ast.ClassDef) -> bool:
+    """Whether bare class-level annotations are fields something else assigns (a dataclass's
+    __init__, a NamedTuple, a TypedDict, a Protocol's members)."""
+    decorated = any("dataclass" in ast.unparse(d) for d in cls.decorator_list)
+    return decorated or any(ast.unparse(b).endswith(RECORD_BASES) for b in cls.bases)
+
+
+def _assigned(node: ast.AST) -> set[str]:
+    """Private names bound anywhere in ``node``: ``x._a = ...`` (also augmented, annotated
+    with a value, for/with targets), ``_a = ...``, ``def _a``, ``class _A``, and the fields of
+    dataclasses and records; not a bare ``_a: T`` elsewhere (a declaration, no binding)."""
+    out: set[str] = set()
+    bare = {
+        id(n.target) for n in ast.walk(node) if isinstance(n, ast.AnnAssign) and n.value is None
+    }
+    for n in ast.walk(node):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(n.name)
+        if isinstance(n, ast.ClassDef) and _fields_class(n):
+            out |= {s.target.id for s in n.body
+                    if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}  # fmt: skip
+        elif isinstance(n, (ast.Attribute, ast.Name)) and isinstance(n.ctx, ast.Store):
+            out |= set() if id(n) in bare else {n.attr if isinstance(n, ast.Attribute) else n.id}
+    return {name for name in out if _is_private(name)}
+
+
+def cut_classes(modules: dict[str, Path]) -> list[str]:
+    """``self._x``/``cls._x`` used in a module that never binds ``_x`` while another module
+    does; and a class that declares ``_x: T`` (no value) but never assigns it."""
+    trees = {m: ast.parse(p.read_text(encoding="utf-8"), str(p)) for m, p in modules.items()}
+    bound = {m: _assigned(t) for m, t in trees.items()}
+    found = []
+    for mod, tree in trees.items():
+        elsewhere = set().union(*(b for m, b in bound.items() if m != mod)) - bound[mod]
+        for n in ast.walk(tree):
+            if (
+                isinstance(n, ast.Attribute)
+                and isinstance(n.value, ast.Name)
+                and n.value.id in ("self", "cls")
+                and n.attr in elsewhere
+            ):
+                found.append(f"{mod}:{n.lineno}: {n.value.id}.{n.attr} is bound in another module")
+            if isinstance(n, ast.ClassDef) and not _fields_class(n):
+                mine = _assigned(ast.Module(body=n.body, type_ignores=[]))
+                for s in n.body:
+                    if (
+                        isinstance(s, ast.AnnAssign)
+                        and s.value is None
+                        and isinstance(s.target, ast.Name)
+                        and _is_private(s.target.id)
+                        and s.target.id not in mine
+                    ):
+                        found.append(
+                            f"{mod}:{s.lineno}: {n.name} declares {s.target.id}, never assigns it"
+                        )
+    return found
+
+
+def test_cut_class_finder_sees_a_mixin(tmp_path: Path) -> None:
+    (tmp_path / "mixin.py").write_text(
+        "class Half:\n    _x: int\n    def show(self) -> int:\n        return self._x\n"
+    )
+    (tmp_path / "whole.py").write_text(
+        "from mixin import Half\nclass Whole(Half):\n    def __init__(self) -> None:\n"
+        "        self._x = 1\n"
+    )
+    (tmp_path / "fine.py").write_text(
+        "import dataclasses\n@dataclasses.dataclass\nclass F:\n    _y: int\n"
+        "    def get(self) -> int:\n        return self._y\n"
+    )
+    found = cut_classes({m: tmp_path / f"{m}.py" for m in ("mixin", "whole", "fine")})
+    assert sorted(found) == [
+        "mixin:2: Half declares _x, never assigns it",
+        "mixin:4: self._x is bound in another module",
+    ]
+
+
+def test_no_class_is_cut_across_modules() -> None:
+    found = cut_classes(_modules())
+    assert not found, "classes cut across modules (compose instead):\n" + "\n".join(found)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.analysis.comparisons.stats import summarize
+from harness.analysis.summary import summarize
 from harness.cli.commands import compare, load_results
 from harness.core.records import RequestRecord
 from harness.core.results import Cell, Run

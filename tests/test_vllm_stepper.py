@@ -139,7 +139,7 @@ def test_thread_ends_with_its_last_engine_and_a_new_one_starts() -> None:
     async def go() -> tuple[Any, list[int]]:
         e = _engine()
         await e.start()
-        thread = e._thread
+        thread = e.lane.thread
         await e.close()
         assert thread is not None
         await asyncio.to_thread(thread.join, 30)
@@ -156,25 +156,24 @@ def test_thread_ends_with_its_last_engine_and_a_new_one_starts() -> None:
 
 
 def test_failed_start_leaves_no_lane() -> None:
-    class Broken(StepSimEngine):
-        polled = 0
+    polled = []
 
-        def _load(self) -> Any:
+    class Broken(StepSimEngine):
+        def build(self) -> Any:
             raise OSError("no such model")
 
-        def busy(self) -> bool:
-            Broken.polled += 1
-            return super().busy()
-
     async def go() -> None:
-        await Broken(0.001, 0.2, 4).start()
+        broken = Broken(0.001, 0.2, 4)
+        busy = broken.lane.busy
+        broken.lane.busy = lambda: polled.append(1) or busy()  # type: ignore[method-assign]
+        await broken.start()
 
     _no_thread()
     with pytest.raises(EngineError, match="failed to start: OSError: no such model"):
         asyncio.run(go())
     _no_thread()  # it ended with no engine left: the failed one was never stepped nor kept
-    assert Broken.polled == 0
-    assert not any(isinstance(lane, Broken) for lane in STEPPER._lanes)
+    assert not polled
+    assert not STEPPER._lanes
 
 
 def test_double_start_is_refused() -> None:
@@ -188,9 +187,9 @@ def test_double_start_is_refused() -> None:
             # started engine closable
             both = await asyncio.gather(f.start(), f.start(), return_exceptions=True)
             out: dict[str, Any] = {"both": sorted(type(x).__name__ for x in both)}
-            out["lanes"] = sum(lane is f for lane in STEPPER._lanes)
+            out["lanes"] = sum(lane is f.lane for lane in STEPPER._lanes)
             await f.close()
-            out["after close"] = sum(lane is f for lane in STEPPER._lanes)
+            out["after close"] = sum(lane is f.lane for lane in STEPPER._lanes)
             out["tokens"] = await _tokens(e)
             return out
         finally:
@@ -248,8 +247,10 @@ def test_a_fault_of_the_thread_answers_every_waiter_and_the_next_start_works(
                 out[name] = await asyncio.wait_for(task, 30)
             except EngineError as e:
                 out[name] = str(e)
-        out["engines left"] = len(STEPPER._lanes) + len(_ALIVE & {id(a), id(b), id(c)})
-        out["a stale"] = (a._thread, a.stepper_native_id)  # no thread steps it now
+        out["engines left"] = len(STEPPER._lanes) + len(
+            _ALIVE & {id(a.lane), id(b.lane), id(c.lane)}
+        )
+        out["a stale"] = (a.lane.thread, a.stepper_native_id)  # no thread steps it now
         out["a after"] = await asyncio.gather(
             a.call_on_stepper(lambda llm: 1), return_exceptions=True
         )
@@ -281,10 +282,10 @@ def test_cancelled_start_and_call_leave_the_other_engine_streaming() -> None:
     building, built = threading.Event(), threading.Event()
 
     class Slow(StepSimEngine):
-        def _load(self) -> Any:
+        def build(self) -> Any:
             building.set()
             assert built.wait(30)
-            return super()._load()
+            return super().build()
 
     async def go() -> dict[str, Any]:
         b, slow = _engine(), Slow(0.001, 0.2, 4)
@@ -306,7 +307,9 @@ def test_cancelled_start_and_call_leave_the_other_engine_streaming() -> None:
             out["start"] = (await asyncio.gather(start, return_exceptions=True))[0]
             out["call"] = (await asyncio.gather(call, return_exceptions=True))[0]
             out["after"] = await _tokens(b)
-            out["slow kept"] = slow in STEPPER._lanes or id(slow) in _ALIVE or slow._llm is not None
+            out["slow kept"] = (
+                slow.lane in STEPPER._lanes or id(slow.lane) in _ALIVE or slow.lane.llm is not None
+            )
             return out
         finally:
             await b.close()
@@ -363,7 +366,7 @@ def test_a_call_that_succeeded_keeps_its_result_if_the_engine_fails_right_after(
     def send_then_wait(lane: Any, msg: Any) -> None:
         send(lane, msg)
         deadline = time.monotonic() + 30
-        while lane is e and e._dead is None and time.monotonic() < deadline:
+        while lane is e.lane and e.lane.dead is None and time.monotonic() < deadline:
             time.sleep(0.001)
 
     async def go() -> tuple[Any, str]:
@@ -402,8 +405,8 @@ def test_a_failed_build_leaves_the_thread_one_openmp_thread(
         raise RuntimeError("build failed half way")
 
     class RealLoad(StepSimEngine):
-        def _load(self) -> Any:
-            return VLLMEngine._load(self)
+        def build(self) -> Any:
+            return VLLMEngine.build(self)
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(vllm_lane, "build_llm", partial_build)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
-import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -33,7 +32,7 @@ from engines.base import (
     new_tokens,
 )
 from engines.common.local_model import missing_path, prompt_ids
-from engines.hf.generate import Generation
+from engines.hf.generate import Generator
 from engines.hf.models import FROM_PRETRAINED, Held, check_args, dtype_name, load, release
 from engines.hf.spec import SPEC_METHODS, AcceptanceCounter, len_hint, spec_settings
 from engines.hf.stream import request_chunk
@@ -42,7 +41,7 @@ from engines.hf.thread import generation_thread
 _DTYPES = ("float32", "float16", "bfloat16")
 
 
-class HFEngine(Generation, Engine):
+class HFEngine(Engine):
     """HF transformers ``generate``; static batches for the baseline, batch 1 when speculative."""
 
     name: ClassVar[str] = "hf"
@@ -60,7 +59,7 @@ class HFEngine(Generation, Engine):
         self._passes = 0
         self._held: Held | None = None  # the target, shared with the other lanes of this process
         self._held_draft: Held | None = None
-        self._lock = threading.Lock()  # one generate at a time (the held model's, once started)
+        self.generator: Generator | None = None  # once the models are loaded
         self.tokenizer: Any = None
         self.model: Any = None
         self.draft: Any = None
@@ -120,7 +119,7 @@ class HFEngine(Generation, Engine):
             raise EngineError(f"hf engine: cannot load tokenizer {tok_name}: {e}") from e
         # one object per (model, dtype, device, settings) in this process: lanes share it
         self._held = load(AutoModelForCausalLM, cfg.model, self.dtype, self.device, kwargs)
-        self.model, self._lock = self._held.model, self._held.lock
+        self.model = self._held.model
         if cfg.spec_method == "draft_model":
             draft = str(self._draft_name(cfg))
             self._held_draft = load(AutoModelForCausalLM, draft, self.dtype, self.device, {})
@@ -131,6 +130,9 @@ class HFEngine(Generation, Engine):
                 raise EngineError(f"hf engine: draft vocabulary ({dv}) != target vocabulary ({tv})")
         if cfg.spec_config is not None:
             self._held.count()  # its counts go to the engine generating (hf_models.Held)
+        self.generator = Generator(
+            self.model, self.draft, self.tokenizer, self.device, self._spec, self._held, self
+        )
 
     def count_pass(self) -> None:
         """Forward hook: one target pass (each verifies a whole draft)."""
@@ -138,7 +140,7 @@ class HFEngine(Generation, Engine):
 
     async def close(self) -> None:
         on_cuda = bool(self.device and self.device.startswith("cuda"))
-        self.model = self.draft = self.tokenizer = None
+        self.model = self.draft = self.tokenizer = self.generator = None
         freed = [release(self._held), release(self._held_draft)]
         self._held = self._held_draft = None
         if not any(freed):  # other lanes still hold the models
@@ -204,14 +206,20 @@ class HFEngine(Generation, Engine):
     def max_batch(self) -> int | None:
         return None if self.config.spec_config is None else 1
 
-    # ---- generation --------------------------------------------------------------------------
+    # ---- generation (engines.hf.generate.Generator) ----------------------------------------
+    def _started(self) -> Generator:
+        if self.generator is None:
+            raise EngineError("hf engine: not started")
+        return self.generator
+
     async def stream(
         self, request: Request, params: GenParams, clock: Clock | None = None
     ) -> AsyncIterator[Chunk]:
+        gen = self._started()
         ids, chat = prompt_ids(self.tokenizer, request)
         max_new = new_tokens(request)
         out: list[int] = []
-        async for steps in self._generate([ids], params, max_new, clock):
+        async for steps in gen.generate([ids], params, max_new, clock):
             n0 = len(out)
             times: list[float] = []
             sizes: list[int] = []
@@ -236,13 +244,14 @@ class HFEngine(Generation, Engine):
             raise UnsupportedError(
                 f"hf engine: {self.config.spec_method} supports batch size 1 only"
             )
+        gen = self._started()
         encoded = [prompt_ids(self.tokenizer, r) for r in requests]
         limits = [new_tokens(r) for r in requests]
-        eos = set() if params.ignore_eos else self._eos_ids()
+        eos = set() if params.ignore_eos else gen.eos_ids()
         outs: list[list[int]] = [[] for _ in requests]
         done = [False] * len(requests)
         rows = [e[0] for e in encoded]
-        async for steps in self._generate(rows, params, max(limits), clock):
+        async for steps in gen.generate(rows, params, max(limits), clock):
             times: list[list[float]] = [[] for _ in requests]
             n0 = [len(o) for o in outs]
             for step, t in steps:
@@ -278,7 +287,8 @@ class HFEngine(Generation, Engine):
 
         import torch
 
-        if self.model is None:
+        gen = self.generator
+        if gen is None:
             return None
         ids = torch.tensor(
             [prompt_ids(self.tokenizer, Request(id="c", prompt="The quick brown fox"))[0]]
@@ -301,9 +311,7 @@ class HFEngine(Generation, Engine):
                 return (time.perf_counter() - t0) / n
 
         def both() -> tuple[float, float | None]:
-            with self._lock:
-                if self._held is not None:
-                    self._held.current = self
+            with gen.hold():
                 return per_step(self.model), (
                     per_step(self.draft) if self.draft is not None else None
                 )

@@ -1,44 +1,65 @@
-"""One ``generate`` call of the HF engine on the process's one generation thread: the
-generation config for a request's parameters, the call itself (stoppable from the event loop),
-and its stamped steps handed back to the event loop (engines/hf/stream.py)."""
+"""The HF engine's ``generate`` calls on the process's one generation thread: the generation
+config for a request's parameters, the call itself (stoppable from the event loop), and its
+stamped steps handed back to the event loop (engines/hf/stream.py). A :class:`Generator` is
+built by the engine once its models are loaded and holds what a call needs."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from engines.base import Clock, EngineError, GenParams
+from engines.base import Clock, GenParams
 from engines.hf.models import Held
 from engines.hf.stream import END, ERROR, Steps, streamer_class
 from engines.hf.thread import generation_thread
 
 
-class Generation:
-    """The generate call of :class:`engines.hf.engine.HFEngine`, which holds these fields."""
+class Generator:
+    """Generates for one :class:`engines.hf.engine.HFEngine` (``owner``) with the models it
+    loaded; ``held`` is the target shared with the process's other lanes, whose lock makes one
+    generate at a time and whose counts go to the owner while it generates."""
 
-    model: Any
-    draft: Any
-    tokenizer: Any
-    device: str | None
-    _spec: dict[str, Any]
-    _held: Held | None
-    _lock: threading.Lock
+    def __init__(
+        self,
+        model: Any,
+        draft: Any,
+        tokenizer: Any,
+        device: str,
+        spec: dict[str, Any],
+        held: Held,
+        owner: Any,
+    ) -> None:
+        self.model = model
+        self.draft = draft
+        self.tokenizer = tokenizer
+        self.device = device
+        self.spec = spec
+        self.held = held
+        self.owner = owner
 
-    def _eos_ids(self) -> set[int]:
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """The shared model to this engine alone: its lock held, its counts to the owner."""
+        with self.held.lock:
+            self.held.current = self.owner
+            yield
+
+    def eos_ids(self) -> set[int]:
         ids = self.model.generation_config.eos_token_id
         ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
         if self.tokenizer.eos_token_id is not None:
             ids.append(self.tokenizer.eos_token_id)
         return set(ids)
 
-    def _gen_config(self, params: GenParams, max_new: int) -> Any:
+    def gen_config(self, params: GenParams, max_new: int) -> Any:
         gc_ = copy.deepcopy(self.model.generation_config)
         pad = self.tokenizer.pad_token_id
         if pad is None:
-            pad = next(iter(sorted(self._eos_ids())), 0)
+            pad = next(iter(sorted(self.eos_ids())), 0)
         kw: dict[str, Any] = {
             "max_new_tokens": max_new,
             "pad_token_id": pad,
@@ -52,7 +73,7 @@ class Generation:
             # An empty EOS list (None would be refilled from the model's defaults): EOS can
             # still be generated and generation continues, as vLLM's ignore_eos does.
             kw["eos_token_id"] = []
-        kw.update(self._spec)
+        kw.update(self.spec)
         gc_.update(**kw)
         return gc_
 
@@ -74,9 +95,7 @@ class Generation:
         try:
             if stop.is_set():  # the consumer left while this call waited for the thread
                 return
-            with self._lock, torch.inference_mode():  # as cheap as generate can be made
-                if self._held is not None:  # the shared model counts into this engine
-                    self._held.current = self
+            with self.hold(), torch.inference_mode():  # as cheap as generate can be made
                 extra: dict[str, Any] = {}
                 if self.draft is not None:
                     # the heuristic schedule and the confidence threshold live on (and are
@@ -86,13 +105,13 @@ class Generation:
                         "num_assistant_tokens_schedule",
                         "assistant_confidence_threshold",
                     ):
-                        setattr(self.draft.generation_config, k, self._spec[k])
+                        setattr(self.draft.generation_config, k, self.spec[k])
                     extra["assistant_model"] = self.draft
                 if params.temperature > 0:
                     torch.manual_seed(params.seed)
                 self.model.generate(
                     **{k: v.to(self.device) for k, v in inputs.items()},
-                    generation_config=self._gen_config(params, max_new),
+                    generation_config=self.gen_config(params, max_new),
                     streamer=streamer,
                     stopping_criteria=StoppingCriteriaList([_Stop()]),
                     **extra,
@@ -102,15 +121,13 @@ class Generation:
         finally:
             streamer.push(END)
 
-    async def _generate(
+    async def generate(
         self, rows: list[list[int]], params: GenParams, max_new: int, clock: Clock | None
     ) -> AsyncIterator[Steps]:
         """Left-padded ``generate`` on the generation thread; yields each hand-over of stamped steps
         (one step at a time when unstamped)."""
         import torch
 
-        if self.model is None:
-            raise EngineError("hf engine: not started")
         width = max(len(r) for r in rows)
         pad = self.tokenizer.pad_token_id
         pad = pad if pad is not None else 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -49,15 +50,22 @@ from engines.openai.server_info import (
     get_version,
     one_line,
 )
-from engines.openai.server_side import ServerSide
+from engines.openai.server_side import (
+    ServerMetrics,
+    choose_model,
+    decide_token_ids,
+    detect_vllm,
+    load_counting_tokenizer,
+)
 from engines.openai.sse import DONE, RequestFailed, StreamEnd, parse_event, sse_events
 from workloads.base import Request
 
 READ_BUFSIZE = 1 << 24  # 16 MiB; lines are split by hand anyway, so no line-length limit
+log = logging.getLogger("engines.openai")  # the HTTP client's warnings
 KEEPALIVE_S = 4.0  # below uvicorn's 5 s, so a pooled connection is never one the server closed
 
 
-class OpenAIEngine(ServerSide, OpenAIFlags, Engine):
+class OpenAIEngine(OpenAIFlags, Engine):
     """Streams from one or more replicas of an OpenAI-compatible server (its flags:
     :class:`engines.openai.flags.OpenAIFlags`)."""
 
@@ -87,8 +95,7 @@ class OpenAIEngine(ServerSide, OpenAIFlags, Engine):
         self._api_key = read_api_key(opts)
         self._session: aiohttp.ClientSession | None = None
         self._rr = itertools.count()
-        self._spec: SpecCounters | None = None
-        self._owned_by_vllm = False
+        self.metrics: ServerMetrics | None = None  # at start(), over the session
         self.warnings: list[str] = []
         self._tokenizer: Any = None
         self._tokenizer_path: str | None = None
@@ -106,19 +113,23 @@ class OpenAIEngine(ServerSide, OpenAIFlags, Engine):
         self._session = aiohttp.ClientSession(
             connector=connector, read_bufsize=READ_BUFSIZE, headers=self._headers()
         )
+        self.metrics = ServerMetrics(self._session, self.base_urls)
         try:
-            await self._pick_model()
+            self.served_model, how, owned = await choose_model(
+                self._session, self.base_urls, self.config.model, self.served_model, self._warn
+            )
         except BaseException:
             await self.close()
             raise
+        self._model_how = how or self._model_how
         self.server_version = await get_version(self._session, self.base_urls[0])
         if self.vllm_extras is None:
-            self.vllm_extras = await self._detect_vllm()
+            self.vllm_extras = await detect_vllm(self.metrics, self.server_version, owned)
         if eos := ignore_eos_unsent(self.config.options, self.vllm_extras, self.extra_body):
             self._warn(eos)
         if self.token_ids is None:  # a speculating server sends several tokens per event
-            self.token_ids, self._ids_how = await self._decide_token_ids()
-        self._load_counting_tokenizer()
+            self.token_ids, self._ids_how = await decide_token_ids(self.vllm_extras, self.metrics)
+        self._tokenizer, self._tokenizer_path = load_counting_tokenizer(self.config)
 
     def client_config(self) -> EngineConfig:
         """This started engine as an ``openai`` config for a client in another process
@@ -236,7 +247,34 @@ class OpenAIEngine(ServerSide, OpenAIFlags, Engine):
     def max_batch(self) -> int | None:
         return None
 
+    # ---- /metrics (engines.openai.server_side.ServerMetrics) ---------------------------------
+    def spec_counters(self) -> SpecCounters | None:
+        """The snapshot the last :meth:`refresh_metrics` took (None before, or when unknown)."""
+        return self.metrics.spec if self.metrics else None
+
+    async def refresh_metrics(self) -> SpecCounters | None:
+        """See :meth:`engines.openai.server_side.ServerMetrics.refresh`."""
+        assert self.metrics is not None, "refresh_metrics() before start()"
+        return await self.metrics.refresh()
+
+    def prefix_cache_counters(self) -> dict[str, int] | None:
+        return self.metrics.prefix if self.metrics else None
+
+    async def sample_load(self) -> dict[str, Any]:
+        """See :meth:`engines.openai.server_side.ServerMetrics.sample_load`."""
+        assert self.metrics is not None, "sample_load() before start()"
+        return await self.metrics.sample_load()
+
+    async def reset_prefix_cache(self) -> str:
+        """See :meth:`engines.openai.server_side.ServerMetrics.reset_prefix_cache`."""
+        assert self.metrics is not None, "reset_prefix_cache() before start()"
+        return await self.metrics.reset_prefix_cache()
+
     # ---- helpers ---------------------------------------------------------------------------
+    def _warn(self, msg: str) -> None:
+        self.warnings.append(msg)
+        log.warning("warning: %s", msg)
+
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
 

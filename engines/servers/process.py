@@ -60,34 +60,71 @@ def die_with_parent() -> None:
 
 
 class ServerProcess:
-    """The child process of :class:`engines.servers.vllm_serve.VLLMServerEngine` (and the
-    servers built on it), which holds these fields."""
+    """One server child process, owned by the engine that starts it
+    (:class:`engines.servers.vllm_serve.VLLMServerEngine` and the servers built on it): the
+    engine builds the command line and the environment, this object runs and ends the process."""
 
-    name: str
-    port: int
-    proc: subprocess.Popen[bytes] | None
-    log_path: str | None
-    kill_grace: float
+    def __init__(
+        self, name: str, argv: list[str], port: int, log_path: str | None, kill_grace: float
+    ) -> None:
+        self.name = name
+        self.argv = argv
+        self.port = port
+        self.log_path = log_path  # a temp file at start() when None
+        self.kill_grace = kill_grace
+        self.proc: subprocess.Popen[bytes] | None = None
 
-    def _spawn(self, argv: list[str], env: dict[str, str]) -> None:
-        """Start ``argv`` in its own process group, its output appended to ``log_path``."""
-        assert self.log_path is not None
+    @property
+    def pid(self) -> int | None:
+        """The server's pid (its process group's id), None when it is not running."""
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self, env: dict[str, str]) -> None:
+        """Start the command in its own process group, its output appended to the log."""
+        if self.log_path is None:
+            fd, self.log_path = tempfile.mkstemp(prefix=f"{self.name}-", suffix=".log")
+            os.close(fd)
         Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            log.write(("$ " + " ".join(argv) + "\n").encode())
+            log.write(("$ " + " ".join(self.argv) + "\n").encode())
             log.flush()
             self.proc = subprocess.Popen(
-                argv,
+                self.argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
-                start_new_session=True,  # own process group: close() kills the whole tree
+                start_new_session=True,  # own process group: stop() kills the whole tree
                 preexec_fn=die_with_parent,
             )
-        atexit.register(self._kill_now)
+        atexit.register(self.kill_now)
 
-    async def _stop_process(self) -> None:
+    def log_tail(self, n: int = 20) -> str:
+        """The last ``n`` lines of the server's log (for error messages)."""
+        return tail(self.log_path, n) if self.log_path else ""
+
+    async def wait_healthy(self) -> None:
+        """Poll ``/health`` until it answers 200; EngineError (with the log's tail) if the
+        process exits first. No deadline here: the caller bounds the wait."""
+        url = f"http://127.0.0.1:{self.port}/health"
+        timeout = aiohttp.ClientTimeout(total=5)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
+                if self.proc is None:
+                    raise EngineError(f"{self.name}: wait_healthy() before start()")
+                code = self.proc.poll()
+                if code is not None:
+                    raise EngineError(
+                        f"{self.name}: the server exited with code {code} (log: {self.log_path}):"
+                        f"\n{self.log_tail()}"
+                    )
+                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                    async with session.get(url) as resp:
+                        if resp.status == 200:
+                            return
+                await asyncio.sleep(0.5)
+
+    async def stop(self) -> None:
         """SIGTERM the server's group, SIGKILL it after the grace, wait for the rest of it."""
         proc = self.proc
         if proc is None:
@@ -97,46 +134,23 @@ class ServerProcess:
             self._signal(signal.SIGTERM)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.to_thread(proc.wait), self.kill_grace)
-        self._kill_now()
+        self.kill_now()
         for _ in range(100):  # up to 5 s for the rest of the group (engine core, trackers)
             if not group_alive(pgid):
                 break
             await asyncio.sleep(0.05)
 
-    def _temp_log(self) -> str:
-        fd, path = tempfile.mkstemp(prefix=f"{self.name}-", suffix=".log")
-        os.close(fd)
-        return path
-
-    async def _wait_healthy(self) -> None:
-        url = f"http://127.0.0.1:{self.port}/health"
-        timeout = aiohttp.ClientTimeout(total=5)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            while True:
-                assert self.proc is not None
-                code = self.proc.poll()
-                if code is not None:
-                    raise EngineError(
-                        f"{self.name}: the server exited with code {code} (log: {self.log_path}):"
-                        f"\n{tail(self.log_path)}"
-                    )
-                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                    async with session.get(url) as resp:
-                        if resp.status == 200:
-                            return
-                await asyncio.sleep(0.5)
-
-    def _signal(self, sig: int) -> None:
-        assert self.proc is not None
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, sig)
-
-    def _kill_now(self) -> None:
+    def kill_now(self) -> None:
         """SIGKILL the group and reap the server (also the atexit hook)."""
         if self.proc is None:
             return
         self._signal(signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
-        atexit.unregister(self._kill_now)
+        atexit.unregister(self.kill_now)
         self.proc = None
+
+    def _signal(self, sig: int) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, sig)

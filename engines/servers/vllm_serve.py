@@ -10,7 +10,6 @@ import asyncio
 import importlib.metadata as md
 import json
 import os
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
@@ -44,7 +43,7 @@ from engines.common.vllm_resolved import server_resolved
 from engines.openai import prom
 from engines.openai.engine import OpenAIEngine
 from engines.openai.flags import VLLMServerFlags
-from engines.servers.process import ServerProcess, free_port, tail
+from engines.servers.process import ServerProcess, free_port
 from workloads.base import Request
 
 # options of this engine; the rest of OPENAI_PASSTHROUGH reach the inner OpenAIEngine
@@ -92,7 +91,7 @@ def to_flags(args: Mapping[str, Any]) -> list[str]:
     return out
 
 
-class VLLMServerEngine(ServerProcess, VLLMServerFlags, Engine):
+class VLLMServerEngine(VLLMServerFlags, Engine):
     """Starts ``vllm serve`` for ``config.model`` and streams from it over HTTP."""
 
     name: ClassVar[str] = "vllm-server"
@@ -126,13 +125,13 @@ class VLLMServerEngine(ServerProcess, VLLMServerFlags, Engine):
         self.config = config
         opts = config.options
         self.start_timeout = float(opts.get("start_timeout", 300))
-        self.kill_grace = float(opts.get("kill_grace", 10))
         self.cpu = config.device == "cpu" or (config.device == "auto" and is_cpu_build())
         self.port = free_port()
-        self.log_path: str | None = opts.get("log_path")
         self.defaults = self._defaults()
         self.argv = self._argv(str(opts.get("python") or sys.executable))
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.process = ServerProcess(
+            self.name, self.argv, self.port, opts.get("log_path"), float(opts.get("kill_grace", 10))
+        )
         self.inner: OpenAIEngine | None = None
 
     # ---- protocol --------------------------------------------------------------------------
@@ -170,20 +169,17 @@ class VLLMServerEngine(ServerProcess, VLLMServerFlags, Engine):
 
     async def start(self) -> None:
         warn_version()
-        env = self._env()
-        if self.log_path is None:
-            self.log_path = self._temp_log()
-        self._spawn(self.argv, env)
+        self.process.start(self._env())
         try:
-            await asyncio.wait_for(self._wait_healthy(), self.start_timeout)
+            await asyncio.wait_for(self.process.wait_healthy(), self.start_timeout)
             self.inner = OpenAIEngine(self._inner_config(self.config, self.base_url))
             await self.inner.start()
             self.kv_block_size = await self._kv_block_size()
         except asyncio.TimeoutError:
             await self.close()
             raise EngineError(
-                f"{self.name}: not healthy after {self.start_timeout:g} s (log: {self.log_path}):"
-                f"\n{tail(self.log_path)}"
+                f"{self.name}: not healthy after {self.start_timeout:g} s"
+                f" (log: {self.process.log_path}):\n{self.process.log_tail()}"
             ) from None
         except BaseException:
             await self.close()
@@ -197,11 +193,11 @@ class VLLMServerEngine(ServerProcess, VLLMServerFlags, Engine):
         inner = dict(self.inner.describe()) if self.inner else {}
         return {
             "argv": argv,
-            "log_path": self.log_path,
+            "log_path": self.process.log_path,
             "port": self.port,
             "cpu_defaults": self.cpu,
             "defaults_chosen": dict(self.defaults),
-            "kill_grace_s": self.kill_grace,
+            "kill_grace_s": self.process.kill_grace,
             "kv_block_size": getattr(self, "kv_block_size", None),
             # its arguments: the server resolves the rest in its own process, not read back
             "resolved_config": server_resolved(self.args, self.cpu),
@@ -220,7 +216,7 @@ class VLLMServerEngine(ServerProcess, VLLMServerFlags, Engine):
         if self.inner is not None:
             await self.inner.close()
             self.inner = None
-        await self._stop_process()
+        await self.process.stop()
 
     def client_config(self) -> EngineConfig:
         """The running server as an ``openai`` config for clients in other processes."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import threading
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import Future
 from typing import Any, ClassVar
@@ -36,9 +35,8 @@ from engines.base import (
     SpecCounters,
 )
 from engines.common.handover import DELIVERY_S, Pending
-from engines.vllm.lane import SteppedLane
+from engines.vllm.lane import Built, SteppedLane, load_llm
 from engines.vllm.messages import Abort, Add, Call, Step, Stop
-from engines.vllm.metrics import StatsTap
 from engines.vllm.process import ENV, core_mode, engine_process_default
 from engines.vllm.setup import (
     VLLMFlags,
@@ -47,7 +45,6 @@ from engines.vllm.setup import (
     validate_config,
 )
 from engines.vllm.stepper import STEPPER, Open
-from engines.vllm.threads import StepThreads
 
 # Before vLLM is imported: where the engine core runs (engines/vllm/process.py); vLLM's log goes
 os.environ.setdefault(ENV, engine_process_default())  # to stderr (stdout: the summary)
@@ -56,7 +53,7 @@ os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 SHARED = "one stepping thread shared by this process's in-process vLLM engines"
 
 
-class VLLMEngine(SteppedLane, VLLMFlags, Engine):
+class VLLMEngine(VLLMFlags, Engine):
     """vLLM ``LLM`` in this process, driven request by request (see module docstring)."""
 
     name: ClassVar[str] = "vllm"
@@ -69,27 +66,22 @@ class VLLMEngine(SteppedLane, VLLMFlags, Engine):
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self._llm: Any = None
-        self._thread: threading.Thread | None = None  # the shared stepping thread, once built
-        self.stepper_native_id: int | None = None  # its OS id: every engine of the process, one
-        # the event loop's side: its loop, the clock to stamp with, each request's Pending
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._clock: Clock | None = None
+        # the stepping thread's side: the LLM, its live requests and steps, the stats tap
+        self.lane = SteppedLane(self.build, self.deliver, self.fail)
+        # the event loop's side: each request's Pending, when the streams were last woken
         self._streams: dict[str, Pending] = {}
         self._woken_at: float | None = None
-        # the stepping thread's side: requests added and not finished, steps not handed over
-        self._live: set[str] = set()
-        self._steps: list[Step] = []
-        self._sent_at: float | None = None
         self._ids = itertools.count()
-        self._kwargs: dict[str, Any] = {}
-        self._defaults: dict[str, Any] = {}
-        self._facts: dict[str, Any] = {}
-        self._has_template = False
-        self._dead: BaseException | None = None
-        self._tap = StatsTap()
-        self._tapped = False
-        self._threads: StepThreads | None = None  # the stepping thread's OpenMP count, kept
+
+    def build(self) -> Built:
+        """Build vLLM's ``LLM`` (on the stepping thread); bench/stepsim.py overrides this with
+        a step simulator of the same shape (``llm_engine.step()`` & co.)."""
+        return load_llm(self.config)
+
+    @property
+    def stepper_native_id(self) -> int | None:
+        """The stepping thread's OS id while this engine runs (every engine of the process: one)."""
+        return self.lane.stepper_native_id
 
     # ---- validation & start -----------------------------------------------------------------
     @classmethod
@@ -98,12 +90,12 @@ class VLLMEngine(SteppedLane, VLLMFlags, Engine):
 
     async def start(self) -> None:
         self.validate(self.config)
-        if self._thread is not None:
+        if self.lane.thread is not None:
             raise EngineError("vllm: engine already started")
         ready: Future[None] = Future()
         try:
             with torch_threads_kept():  # the stepping thread sets its own
-                STEPPER.send(self, Open(ready))
+                STEPPER.send(self.lane, Open(ready))
                 await asyncio.wrap_future(ready)
         except Exception as e:  # (a refused second start leaves the first one's engine)
             raise EngineError(f"vllm: engine failed to start: {type(e).__name__}: {e}") from e
@@ -122,13 +114,13 @@ class VLLMEngine(SteppedLane, VLLMFlags, Engine):
             "mode": f"{core_mode()}, {SHARED}, DELTA outputs",
             "stepping_thread": self.stepper_native_id,
             "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING"),
-            "defaults_chosen": {"stepping": SHARED, **self._defaults},
-            "engine_kwargs": {k: plain(v) for k, v in self._kwargs.items()},
-            **self._facts,
+            "defaults_chosen": {"stepping": SHARED, **self.lane.defaults},
+            "engine_kwargs": {k: plain(v) for k, v in self.lane.kwargs.items()},
+            **self.lane.facts,
         }
 
-    # ---- on the event loop (the stepping thread's side: engines/vllm/lane.py) ---------------
-    def _deliver(self, steps: list[Step]) -> None:
+    # ---- on the event loop (posted by the lane: engines/vllm/lane.py) -----------------------
+    def deliver(self, steps: list[Step]) -> None:
         """File ``steps``; if that fails, fail the streams they were for (else they would wait
         forever) and abort their requests."""
         try:
@@ -143,7 +135,7 @@ class VLLMEngine(SteppedLane, VLLMFlags, Engine):
                 if (p := self._streams.get(rid)) is not None:
                     p.fail(error)
                     if not p.done:
-                        STEPPER.send(self, Abort(rid))
+                        STEPPER.send(self.lane, Abort(rid))
 
     def _file(self, steps: list[Step]) -> None:
         """File each output into its request's Pending; wake the requests that ended, and every
@@ -178,20 +170,20 @@ class VLLMEngine(SteppedLane, VLLMFlags, Engine):
                 if p.times:
                     p.wake()
 
-    def _fail(self, exc: BaseException, rid: str | None = None) -> None:
+    def fail(self, exc: BaseException, rid: str | None = None) -> None:
         """Fail request ``rid``'s stream, or every open stream."""
         for p in self._streams.values() if rid is None else filter(None, [self._streams.get(rid)]):
             p.fail(exc)
 
     def _usable(self) -> None:
-        if self._dead is not None or self._thread is None:
-            raise self._dead or EngineError("vllm: engine not started")
+        if self.lane.dead is not None or self.lane.thread is None:
+            raise self.lane.dead or EngineError("vllm: engine not started")
 
     async def call_on_stepper(self, fn: Callable[[Any], Any]) -> Any:
         """Run ``fn(llm)`` on the stepping thread (between steps) and await its result."""
         self._usable()
         fut: Future[Any] = Future()
-        STEPPER.send(self, Call(fn, fut))  # an engine that ends meanwhile answers it (late())
+        STEPPER.send(self.lane, Call(fn, fut))  # an engine that ends meanwhile answers it (late())
         return await asyncio.wrap_future(fut)
 
     # ---- requests ---------------------------------------------------------------------------
@@ -203,30 +195,30 @@ class VLLMEngine(SteppedLane, VLLMFlags, Engine):
         self, request: Request, params: GenParams, clock: Clock | None = None
     ) -> AsyncIterator[Chunk]:
         self._usable()
-        self._loop = asyncio.get_running_loop()
-        self._clock = clock  # one runner at a time: its clock stamps every step
+        self.lane.attach(asyncio.get_running_loop(), clock)  # one runner at a time
         rid = f"{request.id}#{next(self._ids)}"
         sp = self.sampling_params(request, params, delta=True)
         pending = self._streams[rid] = Pending()
-        STEPPER.send(self, Add(rid, request, sp))  # an engine that ends meanwhile fails it
+        STEPPER.send(self.lane, Add(rid, request, sp))  # an engine that ends meanwhile fails it
         try:
-            info = {"chat_template": self._has_template and request.messages is not None}
+            info = {"chat_template": self.lane.has_template and request.messages is not None}
             async for chunk in pending.chunks(info):
                 yield chunk
         finally:
             del self._streams[rid]
-            if not (pending.done or pending.error) and self._thread is not None:
-                STEPPER.send(self, Abort(rid))
+            if not (pending.done or pending.error) and self.lane.thread is not None:
+                STEPPER.send(self.lane, Abort(rid))
 
     # ---- counters & lifecycle ---------------------------------------------------------------
     def spec_counters(self) -> SpecCounters | None:
-        if self.config.spec_config is None or self._llm is None or not self._tapped:
+        lane = self.lane
+        if self.config.spec_config is None or lane.llm is None or not lane.tapped:
             return None
-        return self._tap.spec_counters()
+        return lane.tap.spec_counters()
 
     def prefix_cache_counters(self) -> dict[str, int] | None:
         """This engine's cumulative prefix-cache queries and hits (prompt tokens)."""
-        return self._tap.prefix_cache() if self._tapped else None
+        return self.lane.tap.prefix_cache() if self.lane.tapped else None
 
     async def reset_prefix_cache(self) -> str:
         """Empty the prefix cache between runs (idle engine: nothing holds a block)."""
@@ -234,11 +226,10 @@ class VLLMEngine(SteppedLane, VLLMFlags, Engine):
         return "reset" if ok else "reset refused by vLLM (blocks in use)"
 
     async def close(self) -> None:
-        thread, self._thread = self._thread, None
-        if thread is None:
+        if not self.lane.detach():
             return
         done: Future[None] = Future()
-        STEPPER.send(self, Stop(done))  # the stepping thread shuts the engine down
+        STEPPER.send(self.lane, Stop(done))  # the stepping thread shuts the engine down
         try:
             await asyncio.wrap_future(done)
         except Exception as e:

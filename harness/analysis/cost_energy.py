@@ -27,9 +27,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.analysis.comparisons.paired import UNPAIRED, UNPAIRED_DESIGNS
-from harness.analysis.comparisons.pooled import point_key
 from harness.analysis.comparisons.sequential import Rule, sequential_comparison
 from harness.analysis.comparisons.stats import Comparison, compare_log_ratios, verdict
+from harness.analysis.pooled import point_key
 from harness.core.results import Run, group_runs
 
 HOUR_S = 3600.0

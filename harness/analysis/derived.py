@@ -4,7 +4,7 @@ returns (:mod:`harness.report.markdown`, :mod:`harness.report.plots`).
 
 Layout (each list in a stable order that the markdown follows):
 
-* ``rows``: one per configuration at one point, repeats pooled (:func:`harness.analysis.comparisons.pooled.pooled`),
+* ``rows``: one per configuration at one point, repeats pooled (:func:`harness.analysis.pooled.pooled`),
   with the index of its deciding comparison and of its lossless check;
 * ``comparisons``: paired comparisons (:func:`harness.analysis.comparisons.paired.comparisons`), each with its ``id``;
 * ``lossless``: the output check of each compared pair at each point;
@@ -21,13 +21,13 @@ from typing import Any
 
 from harness.analysis.answer import reading
 from harness.analysis.comparisons.paired import comparisons, deciding_metric
-from harness.analysis.comparisons.pooled import point_key, pooled
 from harness.analysis.comparisons.sequential import rule_of
-from harness.analysis.comparisons.stats import PERCENTILES, summarize
 from harness.analysis.cost_energy import add_cost_energy
 from harness.analysis.lanes import lane_differences
+from harness.analysis.pooled import point_key, pooled
 from harness.analysis.sanity import lossless
 from harness.analysis.schedule import schedule_latencies
+from harness.analysis.summary import PERCENTILES, summarize
 from harness.analysis.theory.crossover import crossover
 from harness.analysis.theory.speedup import theory
 from harness.analysis.workload.categories import category_tables

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.analysis.comparisons.pooled import point_key
+from harness.analysis.pooled import point_key
 from harness.core.results import Run, group_runs
 
 LEVELS = tuple(i / 100 for i in range(101))  # 0 (min), 0.01, ..., 1 (max)

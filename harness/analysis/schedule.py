@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from harness.analysis.comparisons.stats import PERCENTILES, distribution
+from harness.analysis.summary import PERCENTILES, distribution
 from harness.core.records import NOT_SENT, RequestRecord
 
 SHARE = 0.05  # of the from-send p99: a smaller gap is the schedule's own jitter

@@ -47,9 +47,9 @@ from harness.run.stopping import Stopper, stopper_for
 
 
 @dataclass
-class Session(BlockSchedule):
+class Session:
     """A plan's lanes started, run and closed, every run journalled; the order of the runs is
-    :class:`harness.run.blocks.BlockSchedule`'s."""
+    its :class:`harness.run.blocks.BlockSchedule`'s (``schedule``)."""
 
     plan: RunPlan
     requests: Sequence[Request]
@@ -67,13 +67,29 @@ class Session(BlockSchedule):
     heap_trimmed_mb: list[float | None] = field(default_factory=list)  # returned after each block
     _t0: float = 0.0
     _seq: int = 0  # runs so far
-    _blocks: int = 0  # blocks (one repeat of every lane) so far: the rotation
     stopper: Stopper | None = None  # the sequential design's stops (harness.run.stopping)
     # each measured run's energy (NVML, RAPL; harness.run.energy), None where nothing reads it
     energy: EnergyMeter | None = field(default_factory=energy_meter)
+    schedule: BlockSchedule = field(init=False)  # which run goes in which block
 
     def __post_init__(self) -> None:
         self._t0 = self.clock()  # the schedule's times count from here (execute() restarts it)
+        self.schedule = BlockSchedule(self.plan, self)
+
+    def elapsed(self) -> float:
+        """Seconds on the session's clock since execute() began."""
+        return self.clock() - self._t0
+
+    def runs_of(self, p: Point, before: float = float("inf")) -> list[Run]:
+        """The point's runs, any lane, of blocks before ``before`` (a --resume holds later ones)."""
+        group = self.plan.cell("", "", p, 0).group
+        return [r for r in self.runs if r.cell.group == group and r.cell.repeat < before]
+
+    def built_in(self, block: int) -> list[str]:
+        """The engines built in ``block`` so far (engine/label, in build order; recorded)."""
+        while len(self.built) <= block:
+            self.built.append([])
+        return self.built[block]
 
     async def execute(self, configs: Sequence[tuple[str, EngineConfig]]) -> list[Run]:
         """Run every configuration. When every engine can live in one process (``coexist``),
@@ -122,14 +138,9 @@ class Session(BlockSchedule):
 
         def done(p: Point) -> bool:
             keys = {self.plan.cell(lane.config.engine, lane.label, p, r).key for r in range(n)}
-            return keys <= self.done or (stopper is not None and stopper.settled(self._here(p)))
+            return keys <= self.done or (stopper is not None and stopper.settled(self.runs_of(p)))
 
         return [p for p in self.plan.points() if not done(p)]
-
-    def _built(self, block: int) -> list[str]:
-        while len(self.built) <= block:
-            self.built.append([])
-        return self.built[block]
 
     async def _run_lanes(self, lanes: list[Lane]) -> None:
         per_block = all(lane.instances(self.plan.instances) == PER_BLOCK for lane in lanes)
@@ -137,10 +148,10 @@ class Session(BlockSchedule):
             self.instances[lane.name] = PER_BLOCK if per_block else ONE
         lanes = await self._drop_unsupported(lanes)
         if per_block:
-            await self._run_blocks(lanes)
+            await self.schedule.run_blocks(lanes)
             return
         lanes = [lane for lane in lanes if self._todo(lane)]
-        built = self._built(0)
+        built = self.built_in(0)
         try:
             for i in build_order(len(lanes), self.plan.seed):  # seeded, recorded (core/design.py)
                 await self.start_lane(lanes[i])
@@ -150,7 +161,8 @@ class Session(BlockSchedule):
             for index, p in enumerate(self.plan.points()):
                 if self.stop or not live:
                     break
-                await self._repeat_point([lane for lane in live if p in self._todo(lane)], p, index)
+                here = [lane for lane in live if p in self._todo(lane)]
+                await self.schedule.repeat_point(here, p, index)
         finally:
             await close_lanes(lanes)
 
@@ -243,7 +255,7 @@ class Session(BlockSchedule):
                 warm = warmup_requests(own, self.plan.warmup, cap)
                 await runner.run(warm, params, p.strategy, warmup=True)
             slot = replace(slot, cache=await reset_cache(engine, self.plan.prefix_cache))
-            slot = replace(slot, t_start_s=self.clock() - self._t0)
+            slot = replace(slot, t_start_s=self.elapsed())
             send = sender(runner, self.plan.conversations)  # conversations: turn by turn
             spec_metrics, extra = await measured(
                 lane,
@@ -263,7 +275,7 @@ class Session(BlockSchedule):
         if self.stop and status == "ok":
             status = f"stopped: {self.stop.reason}"
         status, extra = monitor.outcome(status, extra)  # "saturated: ..." when it was
-        slot = replace(slot, t_end_s=self.clock() - self._t0)
+        slot = replace(slot, t_end_s=self.elapsed())
         run = Run(
             cell, config.spec_config, tuple(records), t0, spec_metrics, info, status, extra, slot
         )

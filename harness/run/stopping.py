@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.analysis.comparisons.paired import comparisons
-from harness.analysis.comparisons.pooled import point_key
 from harness.analysis.comparisons.sequential import Rule
+from harness.analysis.pooled import point_key
 from harness.core.results import Run
 
 DECIDED, CAP, BUDGET, FAILED = "decided", "cap", "budget", "failed"

@@ -23,12 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.analysis.comparisons.stats import (
-    FROM_SEND,
-    GOODPUT_METRICS,
-    compare_log_ratios,
-    log_ratio_ci,
-)
+from harness.analysis.comparisons.stats import compare_log_ratios, log_ratio_ci
+from harness.analysis.summary import FROM_SEND, GOODPUT_METRICS
 from harness.core.records import NOT_SENT
 from harness.core.results import Run
 

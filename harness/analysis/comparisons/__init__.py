@@ -1,1 +1,1 @@
-"""Comparisons and their intervals: paired speedups and verdicts (`paired`), the statistics they rest on (`stats`), the sequential design's intervals (`sequential`), repeats pooled per configuration (`pooled`)."""
+"""Comparisons and their intervals: paired speedups and verdicts (`paired`), the statistics they rest on (`stats`), the sequential design's intervals (`sequential`); what they compare is in harness.analysis.summary and harness.analysis.pooled."""

@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from harness.analysis.comparisons.pooled import point_key
 from harness.analysis.comparisons.sequential import Rule, sequential_comparison
 from harness.analysis.comparisons.stats import (
     MIN_REPEATS,
@@ -18,6 +17,7 @@ from harness.analysis.comparisons.stats import (
     half_width,
     t975,
 )
+from harness.analysis.pooled import point_key
 from harness.core.design import INTERLEAVED, SEPARATE, SEQUENTIAL, design_of
 from harness.core.load import open_loop
 from harness.core.records import RequestRecord
@@ -170,7 +170,7 @@ def comparisons(
     pair's interval is the group-sequential one, reported at its first deciding look, and the
     dict adds ``looks`` (each look: n, estimate, lo, hi, boundary, decided, verdict), ``blocks``
     (the n reported) and ``stopped`` ("decided", or why its point stopped: ``stopped`` maps a
-    point key (harness.analysis.comparisons.pooled.point_key) to "cap", "budget", ...; "cap" when n
+    point key (harness.analysis.pooled.point_key) to "cap", "budget", ...; "cap" when n
     reached the cap).
     """
     del seed

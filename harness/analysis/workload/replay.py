@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from harness.analysis.comparisons.pooled import point_key
-from harness.analysis.comparisons.stats import distribution
+from harness.analysis.pooled import point_key
+from harness.analysis.summary import distribution
 from harness.core.replay import TRACE
 from harness.core.results import Run
 

@@ -21,8 +21,8 @@ from harness.analysis.comparisons.paired import (
     compare_groups,
     pair_design,
 )
-from harness.analysis.comparisons.pooled import point_key
-from harness.analysis.comparisons.stats import distribution
+from harness.analysis.pooled import point_key
+from harness.analysis.summary import distribution
 from harness.analysis.workload.categories import acceptance
 from harness.core.results import Run, group_runs
 from workloads.conversations import split_turn

@@ -276,7 +276,7 @@ class RayClientPool(ClientPool):
         """Each actor's engine closed, then the actor ended (``ray.kill``: nothing left)."""
         import ray
 
-        self._send_all(Close())
+        self.send_all(Close())
         await asyncio.sleep(0.2)
         for h in self._ray_handles():
             if h.poller is not None:

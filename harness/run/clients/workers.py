@@ -281,10 +281,10 @@ class ClientPool:
         while pending and (drain_until is None or time.monotonic() < drain_until):
             if not stopped and runner.should_stop():
                 stopped = True
-                self._send_all(Stop(job))
+                self.send_all(Stop(job))
             if not cancelled and runner.cancel_now():  # the stop's grace is over
                 cancelled = True
-                self._send_all(Stop(job, cancel=True))
+                self.send_all(Stop(job, cancel=True))
             try:
                 i, msg = await asyncio.wait_for(self.inbox.get(), POLL_S)
             except asyncio.TimeoutError:
@@ -301,7 +301,7 @@ class ClientPool:
                     failure = failure or exc
                     pending.discard(i)
             if drain_until is None:
-                self._send_all(Stop(job, cancel=True))
+                self.send_all(Stop(job, cancel=True))
                 cancelled, drain_until = True, time.monotonic() + DRAIN_S
         if interrupted:
             raise asyncio.CancelledError
@@ -310,14 +310,14 @@ class ClientPool:
         self.last_cpu_s = cpu
         return [rec for *_, rec in sorted(records, key=lambda r: r[:3])]
 
-    def _send_all(self, msg: Any) -> None:
+    def send_all(self, msg: Any) -> None:
         for h in self.handles:
             with contextlib.suppress(Exception):
                 h.send(msg)
 
     async def close(self) -> None:
         """Ask every worker to close its engine and exit; kill any that does not within 10 s."""
-        self._send_all(Close())
+        self.send_all(Close())
         loop = asyncio.get_running_loop()
         for h in self.handles:
             with contextlib.suppress(Exception):

@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from harness.analysis.comparisons.stats import PERCENTILES, instability, median, summarize
+from harness.analysis.comparisons.stats import instability, median
 from harness.analysis.sanity import sanity
 from harness.analysis.schedule import schedule_latencies
+from harness.analysis.summary import PERCENTILES, summarize
 from harness.core.results import Run
 
 UNSTABLE = 0.10  # pyperf warns when repeats spread over 10% (stdev / median)
