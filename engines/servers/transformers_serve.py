@@ -79,6 +79,7 @@ class TransformersServerEngine(VLLMServerEngine):
         for reserved in RESERVED:
             if reserved in args:
                 raise EngineError(f"{self.name}: engine_args.{reserved} is set by the harness")
+        self.args = args  # what it is started with (describe()'s resolved_config)
         serve = [python, "-m", "transformers.cli.transformers", "serve", cfg.model]
         return serve + ["--host", "127.0.0.1", "--port", str(self.port), *to_flags(args)]
 
