@@ -117,8 +117,20 @@ def test_unknown_spec_method_and_spec_config(tmp_path, tiny_pair, harness):
     assert run["spec_metrics"]["num_drafts"] > 0
 
 
+def _tiny_servers(model: str) -> set[int]:
+    """This checkout's `vllm serve` processes of the tiny target (others may serve theirs)."""
+    return {
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if "vllm.entrypoints.cli.main" in " ".join(p.info["cmdline"] or [])
+        and f" serve {model} " in " ".join(p.info["cmdline"] or [])
+    }
+
+
 def test_managed_vllm_server_spec_end_to_end(tmp_path, tiny_pair, harness):
     out = tmp_path / "srv"
+    # the session's shared servers (tests/servers.py) serve the same model: only new ones count
+    before = _tiny_servers(tiny_pair[0])
     proc = harness(
         "--engine",
         "vllm-server",
@@ -150,10 +162,4 @@ def test_managed_vllm_server_spec_end_to_end(tmp_path, tiny_pair, harness):
     # both servers alive at once, runs interleaved, each server's prefix cache reset per run
     assert res["design"]["name"] == "interleaved"
     assert {r["schedule"]["cache"] for r in res["runs"]} == {"reset"}
-    leftovers = [
-        p
-        for p in psutil.process_iter(["cmdline"])
-        if "vllm.entrypoints.cli.main" in " ".join(p.info["cmdline"] or [])
-        and f" serve {tiny_pair[0]} " in " ".join(p.info["cmdline"] or [])
-    ]  # this checkout's model only: other checkouts on the machine may serve theirs
-    assert not leftovers
+    assert not _tiny_servers(tiny_pair[0]) - before  # its two servers are gone

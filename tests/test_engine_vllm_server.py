@@ -88,8 +88,10 @@ def test_chat_when_the_tokenizer_has_a_template(servers, loop) -> None:
 
 
 @pytest.mark.slow
-def test_spec_server_counts_drafts_and_is_lossless(servers, loop) -> None:
-    spec: VLLMServerEngine = servers["spec"]
+def test_spec_server_counts_drafts_and_is_lossless(servers, managed_servers, loop) -> None:
+    # from the pool, not the module's dict: test_close_leaves_no_process_and_frees_the_port
+    # closes the spec server, and in a shuffled order it runs first (the pool starts it again)
+    spec: VLLMServerEngine = managed_servers.get("vllm-spec")["vllm-spec"]
     before = loop.run_until_complete(spec.refresh_metrics())
     assert before is not None
     reqs = [Request(id=str(i), prompt=p) for i, p in enumerate(PROMPTS)]
