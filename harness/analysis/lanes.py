@@ -18,7 +18,11 @@ from harness.core.results import Run
 # What a speculative lane may differ in: its speculative configuration, and what vLLM derives
 # from it (vLLM 0.32: config/vllm.py:2264 sets the scheduler's max_num_scheduled_tokens when
 # speculating; compilation.py:1530 fits the CUDA-graph capture sizes to K + 1); an HF lane's
-# generation arguments for its method (assistant model, lookup length).
+# generation arguments for its method (assistant model, lookup length). A drafter with layers
+# of its own (a draft model, an EAGLE head) holds KV cache in the same memory budget, so the
+# target's share in tokens and the concurrency it allows follow from the speculative config too
+# (seen on the main job: 11,648 tokens for the baseline, 11,264 with the EAGLE-3 head, 10,880
+# with the draft model, in one 0.5 GiB budget).
 SPEC_PREFIXES = ("speculative.", "args.speculative_config", "generation.spec.")
 DERIVED = frozenset(
     {
@@ -27,6 +31,8 @@ DERIVED = frozenset(
         "compilation.max_cudagraph_capture_size",
         "compilation.decoder_replay_cudagraph_capture_sizes",
         "args.per_request_spec_decode_metrics",  # acceptance per request: only a spec lane
+        "cache.kv_cache_size_tokens",
+        "cache.kv_cache_max_concurrency",
     }
 )
 SHOWN = 4  # differences named in one warning line (all are in results.json)
