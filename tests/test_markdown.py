@@ -296,6 +296,34 @@ def test_compact_table_stays_within_120_columns(derived):
     assert check_summary(md, res) > 100
 
 
+def test_the_compact_note_explains_only_the_columns_shown(derived):
+    """$/M tok and J/tok are shown only where a row stores them; the note under the tables
+    explains each only when some table shows it."""
+
+    def note(md: str) -> str:
+        return next(ln for ln in md.splitlines() if ln.startswith("Medians over counted"))
+
+    def header(md: str) -> str:  # every point's table's header
+        return "\n".join(ln for ln in compact_lines(md) if ln.startswith("| variant"))
+
+    res = json.loads(json.dumps(derived))
+    md = render(res)
+    assert "$/M tok" not in header(md) and "J/tok" not in header(md)
+    assert "$/M tok" not in note(md) and "J/tok" not in note(md)
+    res["rows"][0]["cost"] = {"usd_per_million_tokens": 1.25}
+    md = render(res)
+    assert "| $/M tok" in header(md) and "J/tok" not in header(md)
+    assert "$/M tok = USD per million" in note(md) and "J/tok" not in note(md)
+    res["rows"][-1]["energy"] = {"joules_per_token": 0.5}
+    md = render(res)
+    assert "| $/M tok" in header(md) and "| J/tok" in header(md)
+    assert "$/M tok = USD per million" in note(md) and "J/tok = joules per" in note(md)
+    del res["rows"][0]["cost"]  # energy on one point's table only: the note still names it
+    md = render(res)
+    assert "$/M tok" not in header(md) and "$/M tok" not in note(md)
+    assert "J/tok = joules" in note(md) and len(header(md).splitlines()) > 1
+
+
 def test_warnings_name_lossless_failures_and_unmet_concurrency(derived):
     from harness.analysis.answer import answer_of
 

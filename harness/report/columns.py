@@ -4,7 +4,7 @@ a statistic; a new column is one entry in one of these tuples."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -226,14 +226,27 @@ COMPACT: tuple[Column, ...] = (
 )
 # shown only where some row stores the figure (--price-per-hour; an energy counter)
 COMPACT_IF_STORED = ("usd_per_mtok", "j_per_tok")
-COMPACT_NOTE = (
-    "Medians over counted requests; latencies from each request's send (the full set has them "
-    "from its scheduled arrival too, and the client queue between the two, under an open "
-    "loop); * = unstable across repeats; $/M tok = USD per million output tokens at "
-    "--price-per-hour, J/tok = joules per output token (docs/cost.md); speedup >1 = better, with "
-    "its 95% CI, n and method, against the row it names; n.s. = no significant difference. "
-    "The full column set is in summary.csv, results.json and report.html."
-)
+# the notes' explanations of the columns shown only where stored, by column name
+COMPACT_IF_STORED_NOTES = {
+    "usd_per_mtok": "$/M tok = USD per million output tokens at --price-per-hour",
+    "j_per_tok": "J/tok = joules per output token",
+}
+
+
+def compact_note(shown: Collection[str]) -> str:
+    """The note under the compact tables; it explains only those of the stored-only columns
+    (COMPACT_IF_STORED) that a table showed (``shown``: column names)."""
+    named = [text for name, text in COMPACT_IF_STORED_NOTES.items() if name in shown]
+    stored = f"; {', '.join(named)} (docs/cost.md)" if named else ""
+    return (
+        "Medians over counted requests; latencies from each request's send (the full set has "
+        "them from its scheduled arrival too, and the client queue between the two, under an "
+        f"open loop); * = unstable across repeats{stored}; speedup >1 = better, with its 95% CI, "
+        "n and method, against the row it names; n.s. = no significant difference. The full "
+        "column set is in summary.csv, results.json and report.html."
+    )
+
+
 COMPACT_WIDTH = 120
 # dropped in this order while a compact table is wider than COMPACT_WIDTH (all are in the csv)
 COMPACT_OPTIONAL = ("e2e_med", "ttft_med", "acceptance_rate")

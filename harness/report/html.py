@@ -11,13 +11,13 @@ from typing import Any
 
 from harness.report.answer_text import answer_sections, title
 from harness.report.columns import (
-    COMPACT_NOTE,
     COMPARISONS,
     MAIN,
     METRIC_LABEL,
     THEORY,
     Column,
     Line,
+    compact_note,
     percentile_columns,
 )
 from harness.report.markdown import (
@@ -153,7 +153,8 @@ def _points(results: Mapping[str, Any]) -> str:
         out.append(_table(MAIN, view, metric, lambda x: x.entry["name"]))
         if extra:
             out.append(_table(extra, view, metric, lambda x: x.entry["name"]))
-    out.append(f'<p class="note">{escape(COMPACT_NOTE)} {escape(FOOTNOTE)}</p>')
+    note = compact_note({c.name for c in MAIN})  # the full set shows every column
+    out.append(f'<p class="note">{escape(note)} {escape(FOOTNOTE)}</p>')
     return "".join(out)
 
 

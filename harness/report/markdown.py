@@ -15,7 +15,6 @@ from harness.report.capacity_plot import capacity_markdown
 from harness.report.columns import (
     COMPACT,
     COMPACT_IF_STORED,
-    COMPACT_NOTE,
     COMPACT_OPTIONAL,
     COMPACT_WIDTH,
     COMPARISONS,
@@ -24,6 +23,7 @@ from harness.report.columns import (
     Column,
     Line,
     ci_text,
+    compact_note,
     load_label,
     method_tag,
     num,
@@ -67,20 +67,20 @@ def tight_table(columns: Sequence[Column], lines: Sequence[Line], metric: str) -
     return "\n".join(text)
 
 
-def compact_table(lines: Sequence[Line], metric: str = "output_tok_s") -> str:
-    """The COMPACT table, its optional columns dropped in order until it fits COMPACT_WIDTH."""
+def compact_columns(lines: Sequence[Line], metric: str = "output_tok_s") -> list[Column]:
+    """The COMPACT columns a table of ``lines`` shows: those stored only where some row stores
+    them, and the optional ones dropped in order until the table fits COMPACT_WIDTH."""
     columns = [
         c
         for c in COMPACT
         if c.name not in COMPACT_IF_STORED or any(c.get(x) is not None for x in lines)
     ]
-    text = tight_table(columns, lines, metric)
     for name in COMPACT_OPTIONAL:
+        text = tight_table(columns, lines, metric)
         if max(len(ln) for ln in text.splitlines()) <= COMPACT_WIDTH:
             break
         columns = [c for c in columns if c.name != name]
-        text = tight_table(columns, lines, metric)
-    return text
+    return columns
 
 
 def stored_at(items: Sequence[Mapping[str, Any]] | None, i: int | None) -> Mapping[str, Any] | None:
@@ -176,6 +176,7 @@ def render(results: Mapping[str, Any]) -> str:
         lines += [f"**Run {results['status']}**: partial results.", ""]
     not_run = results.get("not_run") or []
     sol = results.get("speed_of_light")
+    shown: set[str] = set()  # the compact tables' columns, for the note under them
     for point, rows in points_of(results).items():
         first = rows[0]
         lines += ["", f"## {point_heading(first)}", ""]
@@ -183,7 +184,10 @@ def render(results: Mapping[str, Any]) -> str:
             Line(r, stored_at(comps, r.get("comparison")), stored_at(checks, r.get("lossless")))
             for r in rows
         ]
-        lines.append(compact_table(view, first.get("deciding_metric", "output_tok_s")))
+        metric = first.get("deciding_metric", "output_tok_s")
+        columns = compact_columns(view, metric)
+        shown.update(c.name for c in columns)
+        lines.append(tight_table(columns, view, metric))
         lines += token_id_notes(rows)
         lines += schedule_lines(rows)
         extra = percentile_columns(results.get("config") or {})
@@ -213,7 +217,7 @@ def render(results: Mapping[str, Any]) -> str:
     if chosen:  # CUDA's defaults, the instance policy's caveat among them (cli/device_defaults)
         lines += ["", "## Defaults the device chose", "", *[f"- {line}" for line in chosen]]
     if results.get("rows"):
-        lines += ["", COMPACT_NOTE]
+        lines += ["", compact_note(shown)]
     lines += ["", *head_lines(results)]
     theory = results.get("theory") or []
     if theory:
