@@ -32,9 +32,9 @@ REAL_MODELS = frozenset({"tiny_pair", "smollm2", "managed_servers"})
 def untrimmed_heap(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """A test without a real model runs its sessions on fake engines: the heap trim after each
     block (engines/common/heap.py) has nothing to return, and its ``gc.collect()`` walks the
-    whole suite's heap (vLLM and torch imported: ~0.35-0.75 s a block, 230 blocks in the
-    simulation files), so there it returns 0.0 at once. Tests of the trim itself patch it
-    again (tests/test_instances.py) or call engines.common.heap directly (tests/test_heap.py)."""
+    whole suite's heap once vLLM and torch are imported (docs/measurements.md, "Test suite
+    time"), so there it returns 0.0 at once. Tests of the trim itself patch it again
+    (tests/test_instances.py) or call engines.common.heap directly (tests/test_heap.py)."""
     if REAL_MODELS.isdisjoint(request.fixturenames):
         from harness.run import blocks
 
