@@ -186,3 +186,28 @@ def test_the_theory_reads_a_schedules_k_at_batch_1() -> None:
     assert PER_BATCH_SIZE == SCHEDULE
     assert k_at_batch_1({"num_speculative_tokens": 3, SCHEDULE: [[1, 3, 2], [4, 4, 3]]}) == 2
     assert k_at_batch_1({"num_speculative_tokens": 3}) == 3
+
+
+@pytest.mark.slow
+def test_a_tuned_schedule_runs_in_vllm_and_results_json_records_it(
+    tuned_family: Path, tmp_path: Path, capsys
+) -> None:
+    """The main job's path with a tuned per-load K (eagle3: 2 one at a time, 1 at 4 in flight),
+    through a real in-process vLLM: the schedule is sent, its source kept, theory reads K 2."""
+    from tests.inprocess import run_harness
+
+    out = tmp_path / "run"
+    ran = run_harness(
+        ["--engine", "vllm", "--model", "tiny", "--workload", "tiny", "--spec", "eagle3",
+         "--num-prompts", "2", "--max-new-tokens", "8", "--repeats", "1", "--warmup", "0",
+         "--output-dir", str(out), "--no-plots"],
+        capsys,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "eagle3 2 at load 1 / 1 at load 4" in ran.stderr  # the plan line, said as it starts
+    res = json.loads((out / "results.json").read_text())
+    assert res["config"]["spec_k"]["methods"]["eagle3"]["from"] == committed.shown(tuned_family)
+    spec = [r for r in res["runs"] if r["label"] == "eagle3"]
+    assert spec and {r["status"] for r in spec} == {"ok"}
+    assert all(r["spec_config"][SCHEDULE] == [[1, 3, 2], [4, 4, 1]] for r in spec)
+    assert {t["gamma"] for t in res["theory"]} <= {2}
