@@ -16,6 +16,7 @@ from harness.run.plan import RunPlan
 from harness.sizing.memory import Device, Sizes, detect_device, longest_fit, plan_memory
 from harness.sizing.model_size import ModelSize, gib, resolve_dtype
 from harness.sizing.preview import DoesNotFit, Preview, check_fit, preview, with_fractions
+from harness.tune.committed import k_line
 
 NO_DEVICE = Device("none", "no local engine", 0)
 NO_LOCAL = "no local engine: each server's own"
@@ -75,7 +76,8 @@ def plan_before_loading(
     if dry_run:
         print(render(view, plan), file=sys.stdout)
     elif plan.progress:
-        for line in [*said, *view.settings, *download_lines(view), *not_run_lines(view)]:
+        for line in [*said, *k_lines(plan), *view.settings, *download_lines(view),
+                     *not_run_lines(view)]:  # fmt: skip
             print(f"[harness] {line}", file=sys.stderr)
     try:
         check_fit(view)
@@ -91,6 +93,12 @@ def download_lines(view: Preview) -> list[str]:
         what = "cached" if d["cached"] else (f"downloads {gib(size)}" if size else "downloads")
         out.append(f"model {d['model']}: {what}; {d['note']}")
     return out
+
+
+def k_lines(plan: RunPlan) -> list[str]:
+    """Each --spec method's K and where it came from (a family's committed tune result)."""
+    line = k_line(plan.spec_k)
+    return [line] if line else []
 
 
 def not_run_lines(view: Preview) -> list[str]:
@@ -118,6 +126,7 @@ def render(view: Preview, plan: RunPlan) -> str:
         built = "engines built: one per lane for the whole search"
     lines.append(f"  design: {view.design}; {built} ({sum(view.builds_per_block)} in all)")
     lines.append(f"  repeats: {repeats_line(plan)}")
+    lines += [f"  {line}" for line in k_lines(plan)]
     if view.search is not None:
         lines.append(f"  capacity search: {search_line(view.search)}")
     lines.append("  lanes:")

@@ -29,6 +29,7 @@ from harness.flags.parser import build_parser
 from harness.run.lanes import close_lanes
 from harness.run.plan import PlanError, Point, RunPlan
 from harness.tune.budget import FILES_MARGIN_S, TimeBudget, worst_case
+from harness.tune.committed import provenance
 from harness.tune.report import markdown, to_json
 from harness.tune.schedule import RULE, describe
 from harness.tune.search import BASELINE, Arm, LoadResult, Sample, Settings, tune
@@ -134,6 +135,7 @@ def main(argv: Sequence[str]) -> int:
 
     p = parser()
     args = p.parse_args(list(argv))
+    args.argv = list(argv)  # tune.json's provenance
     try:
         engines = [e.strip() for e in args.engine.split(",") if e.strip()]
         tunable = [e for e in REGISTRY if engine_class(e).capabilities.tunable]
@@ -147,7 +149,8 @@ def main(argv: Sequence[str]) -> int:
             raise UsageError(f"tune: --budget-min: expected minutes > 0, got {args.budget_min}")
         args.spec = args.spec or (None if args.spec_config else "all")  # a head: tune it alone
         prepared = prepare(args)  # the run pipeline's front: the dataset once, the plan, models
-        plan, workload, out = prepared.plan, prepared.workload, prepared.out
+        # its arms set their own K: not a committed tune's (config.spec_k)
+        plan, workload, out = replace(prepared.plan, spec_k={}), prepared.workload, prepared.out
         check_models(plan)  # --max-new-tokens at or past --max-model-len, vocabularies
         methods = tuned_methods(plan, engine_methods(plan)[engines[0]])  # with --spec-config's
         if not methods:
@@ -342,12 +345,8 @@ async def _run(
                            args.verify_rounds, budget, bench.add, lambda a: a in bench.lanes,
                            check=not args.no_verify)  # fmt: skip
         note += got.notes
-        chosen, config, schedule, verification = (
-            got.picks,
-            got.config,
-            got.schedule,
-            got.verification,
-        )
+        chosen, config, schedule = got.picks, got.config, got.schedule
+        verification = got.verification
     finally:
         await bench.close()
     if config is not None:
@@ -359,6 +358,7 @@ async def _run(
         json.dumps(
             {
                 "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                "provenance": provenance(args.model, args.argv),
                 "loads": loads,
                 "settings": settings.__dict__,
                 "plan": plan_lines,

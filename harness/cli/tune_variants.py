@@ -17,7 +17,7 @@ def spec_config_for(plan: RunPlan, method: str, k: int) -> dict[str, Any] | None
     given = plan.spec_config
     if given is not None and given.get("method") == method:
         return {**dict(given), "num_speculative_tokens": k}
-    one = replace(plan, spec_config=None, spec_methods=(method,), num_spec_tokens=(k,))
+    one = replace(plan, spec_config=None, spec_methods=(method,), num_spec_tokens=(k,), spec_k={})
     got = one.spec_configs((method,))
     return dict(got[0][1]) if got else None
 

@@ -91,9 +91,10 @@ def _speculative(p: argparse.ArgumentParser) -> None:
         "--num-spec-tokens",
         type=positive_int,
         nargs="+",
-        default=[4],
+        default=None,
         metavar="K",
-        help="draft tokens per step (list = sweep; default 4)",
+        help="draft tokens per step (list = sweep; default: each method's K from the shipped "
+        "family's committed tune result, else 4)",
     )
     s.add_argument(
         "--spec-config",

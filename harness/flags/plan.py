@@ -20,6 +20,7 @@ from harness.flags.stop import DEFAULT_BUDGET_MIN, DEFAULT_REPEATS
 from harness.flags.vllm_bench import api_root
 from harness.run.lanes import can_rebuild
 from harness.run.plan import GRACE_S, RunPlan, check_engines, parse_methods
+from harness.tune import committed
 
 # 4 prompts x 32 tokens: with a fresh engine per block (every variant built and closed each
 # block) a longer default took the CPU main job past its 10 minutes (docs/measurements.md)
@@ -114,24 +115,33 @@ def build_plan(
     compares = speculative or args.aa or len(engines) > 1
     stopping = _stopping(args, compares)
     options = engine_options(args, engines, speculative, compares)
+    concurrency = tuple(
+        args.concurrency
+        or (
+            []
+            if args.request_rate or args.slo or workload.is_trace(args)
+            else [DEFAULT_CONCURRENCY]
+        )
+    )
+    ks = args.num_spec_tokens
+    try:
+        spec_k = committed.spec_k(
+            methods, main_loads(modes, concurrency), ks, committed.family_of(args.model)
+        )
+    except committed.TuneFileError as exc:
+        raise UsageError(str(exc)) from None
     return RunPlan(
         engines=engines,
         model=model,
         draft_model=draft,
         tokenizer=args.tokenizer,
         spec_methods=methods,
-        num_spec_tokens=tuple(args.num_spec_tokens),
+        num_spec_tokens=tuple(ks or [committed.DEFAULT_K]),
+        spec_k=spec_k,
         spec_config=spec_config,
         baseline=not args.no_baseline,
         modes=modes,
-        concurrency=tuple(
-            args.concurrency
-            or (
-                []
-                if args.request_rate or args.slo or workload.is_trace(args)
-                else [DEFAULT_CONCURRENCY]
-            )
-        ),
+        concurrency=concurrency,
         request_rates=tuple(args.request_rate or ()),
         burstiness=args.burstiness,
         max_new_tokens=tuple(args.max_new_tokens or [_default_length(args)]),
@@ -178,6 +188,17 @@ def build_plan(
         resume=args.resume is not None,
         **capacity.settings(args),
     )
+
+
+def main_loads(modes: Sequence[str], concurrency: Sequence[int]) -> list[int]:
+    """The loads a run's speculative variants meet, as a tune's loads: 1 in latency mode, each
+    --concurrency in throughput mode; none where arrivals set it (then every load tuned)."""
+    loads = [1] if "latency" in modes else []
+    if "throughput" in modes:
+        if not concurrency:
+            return []
+        loads += concurrency
+    return sorted(set(loads))
 
 
 def _stopping(args: argparse.Namespace, compares: bool) -> dict[str, Any]:

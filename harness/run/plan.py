@@ -15,6 +15,7 @@ from engines.base import (
     engine_class,
     speculative_config,
 )
+from engines.common.vllm_args import SCHEDULE
 from harness.core.design import AA_LABEL
 from harness.core.load import Concurrent, LoadStrategy, Poisson, Synchronous
 from harness.core.replay import TraceReplay
@@ -84,6 +85,9 @@ class RunPlan:
     percentile_metrics: tuple[str, ...] = ()  # asked for: a percentile table per point
     metadata: Mapping[str, str] = field(default_factory=dict)  # --metadata KEY=VALUE
     eagle3_model: str | None = None  # the EAGLE-3 head that goes with --model (shipped family)
+    # each --spec method's K and where it came from (harness.tune.committed.spec_k: a family's
+    # committed tune result, --num-spec-tokens or the default); results.json config.spec_k
+    spec_k: Mapping[str, Any] = field(default_factory=dict)
     client_workers: int = 1  # HTTP engines: client processes sending (harness.run.clients.workers)
     ray_address: str | None = None  # those workers as Ray actors on this cluster (run.ray_clients)
     # ---- requests and sampling
@@ -128,24 +132,39 @@ class RunPlan:
     conversations: Mapping[str, Any] | None = None  # multi-turn: think_time_s, max_turns
 
     # ---- engine configurations ---------------------------------------------------------------
-    def spec_configs(self, engine_methods: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+    def spec_configs(
+        self, engine_methods: Sequence[str], engine: str | None = None
+    ) -> list[tuple[str, dict[str, Any]]]:
         """(label, speculative_config) for every speculative variant of one engine. A method
         the engine lacks is kept when it has what it needs (an EAGLE head): its cells then say
-        "unsupported" (HF has no EAGLE) instead of vanishing from the table."""
+        "unsupported" (HF has no EAGLE) instead of vanishing from the table. A method's K from
+        a tune file (``spec_k``) runs as its per-load schedule on an engine that takes one
+        (``tunable``), else as its K at the smallest load."""
         out: list[tuple[str, dict[str, Any]]] = []
         if self.spec_config is not None:
             cfg = dict(self.spec_config)
             out.append((_label(cfg, multi_k=False), cfg))
         multi_k = len(self.num_spec_tokens) > 1
+        schedules = engine is None or engine_class(engine).capabilities.tunable
         for method in self.spec_methods:
             if method not in engine_methods and not (method in EAGLE and self.eagle3_model):
                 continue
-            for k in self.num_spec_tokens:
+            tuned = self.tuned_k(method)
+            for k in (tuned["k"],) if tuned else self.num_spec_tokens:
                 cfg = speculative_config(method, k, self.draft_model, self.eagle3_model)
                 if cfg is None:
                     continue
+                if tuned and tuned.get("schedule") and schedules:
+                    cfg["num_speculative_tokens"] = max(r[2] for r in tuned["schedule"])
+                    cfg[SCHEDULE] = [list(r) for r in tuned["schedule"]]
                 out.append((_label(cfg, multi_k), cfg))
         return out
+
+    def tuned_k(self, method: str) -> Mapping[str, Any] | None:
+        """The method's entry in ``spec_k`` where a tune file gave its K (``k``, ``schedule``)."""
+        got = (self.spec_k.get("methods") or {}).get(method)
+        file = self.spec_k.get("file")
+        return got if got and file and got.get("from") == file else None
 
     def engine_configs(
         self, engine_methods: Mapping[str, Sequence[str]]
@@ -158,7 +177,7 @@ class RunPlan:
                 variants.append(("baseline", None))
             if self.aa:
                 variants.append((AA_LABEL, None))
-            variants.extend(self.spec_configs(engine_methods.get(engine, ())))
+            variants.extend(self.spec_configs(engine_methods.get(engine, ()), engine))
             for label, spec in variants:
                 out.append(
                     (

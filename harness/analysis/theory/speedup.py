@@ -56,11 +56,24 @@ def _time_per_token(group: Mapping[str, Any] | None) -> float | None:
     return dec["seconds"] / dec["tokens"] if dec and dec["tokens"] > 0 else None
 
 
+# vLLM's per-batch-size K (engines.common.vllm_args.SCHEDULE: analysis imports no engine)
+PER_BATCH_SIZE = "num_speculative_tokens_per_batch_size"
+
+
+def k_at_batch_1(cfg: Mapping[str, Any]) -> int | None:
+    """K at a latency point (one request: batch size 1): the schedule's first range's where the
+    config has one (a K from a tune: its first range starts at 1), else num_speculative_tokens."""
+    schedule = cfg.get(PER_BATCH_SIZE)
+    if schedule:
+        return min(int(schedule[0][2]), int(cfg.get("num_speculative_tokens") or schedule[0][2]))
+    return cfg.get("num_speculative_tokens")
+
+
 def theory(group: Mapping[str, Any], baseline: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """Theory for one speculative configuration at one latency point (None when alpha or gamma
     is unknown). ``baseline``: the same engine's baseline at the same point, if it ran."""
     spec, cfg = group.get("spec"), group.get("spec_config") or {}
-    gamma = cfg.get("num_speculative_tokens")
+    gamma = k_at_batch_1(cfg)
     if not spec or spec.get("alpha") is None or not gamma:
         return None
     alpha, gamma = float(spec["alpha"]), int(gamma)
