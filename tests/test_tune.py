@@ -376,23 +376,69 @@ def test_time_budget_counts_measured_times_and_the_verification():
     assert b.start_load(1, [BASELINE, Arm("ngram", 4)], [4])  # measured: 1 + 4 fit
     arms = [BASELINE, Arm("ngram", 4)]
     # the verification at load 1: 3 x (10 + 2 x 8) + the schedule's start (25), and a
-    # correction's reserve: a start (25) + 3 x (10 + 8) (harness/tune/correct.py)
-    assert b.correction_s([1]) == pytest.approx(25 + 54)
-    assert b.verify_s([1]) == pytest.approx(78 + 25 + 79)
+    # correction's reserve: a start (25) + 3 x (10 + 10): the schedule's run floored at the
+    # baseline's (harness/tune/correct.py)
+    assert b.correction_s([1]) == pytest.approx(25 + 60)
+    assert b.verify_s([1]) == pytest.approx(78 + 25 + 85)
     # load 4's minimum: pilot (10 + 8) + 2 x (10 + 8) + a new engine (25); its verification 78
     assert b.minimum_s(4) == pytest.approx(18 + 36 + 25) and b.verify_load_s(4) == 78
     assert b.later_fit([4], 0) == ([4], pytest.approx(79 + 78))
-    # a round past the minimum: 18 + verification (182) + load 4 (157) = 357 s
+    # a round past the minimum: 18 + verification (188) + load 4 (157) = 363 s
     assert b.next_round(1, arms, 0, [4])
-    now[0] = 600 - 357 + 1  # one second short: the round would eat into load 4's reserve
+    now[0] = 600 - 363 + 1  # one second short: the round would eat into load 4's reserve
     assert not b.next_round(1, arms, 0, [4]) and "the race stops" in b.lines[-1]
     assert b.next_round(1, arms, 0, [])  # without a later load it fits
-    now[0] = 600 - 2 * 18 - 182 + 1  # the load's own minimum (2 rounds) comes first, then nothing
+    now[0] = 600 - 2 * 18 - 188 + 1  # the load's own minimum (2 rounds) comes first, then nothing
     assert not b.next_round(1, arms, 2, [4])
     assert b.next_round(1, arms, 1, [4])
     assert "2 engines started" in b.line(1, arms, [4]) and "loads [4] do not fit" in b.line(
         1, arms, [4]
     )
+
+
+def test_the_correction_reserve_is_the_round_a_correction_reruns_from_measured_times():
+    """Known times at load 1: baseline 20 s, ngram(k=2) 16 s, draft_model(k=4) 40 s, a start 30 s.
+    A correction reruns the baseline and the corrected schedule (K = the fixed K, shown faster,
+    or 0): 3 rounds of 20 + max(20, 16) s and a start, not of the slowest arm raced (20 + 40:
+    the reserve of issue 43's run, 4.1 of 10.4 min). The floor: a schedule's run counts at least
+    the baseline's. At the verification, from the schedule itself: where it runs ngram(k=2),
+    20 + 20; where it drafts nowhere (speculation off), the floor at the costliest load."""
+    from harness.tune.budget import TimeBudget
+
+    now = [0.0]
+    b = TimeBudget(930, Settings(), 4, lambda load: max(4, 2 * load), now=lambda: now[0], t0=0.0)
+    ngram, draft = Arm("ngram", 2), Arm("draft_model", 4)
+    for arm, t in ((BASELINE, 20.0), (ngram, 16.0), (draft, 40.0)):
+        b.engine_started(arm, 30.0)
+        b.ran(arm, 1, t)
+        b.ran(arm, 1, t)
+    b.contenders[1] = {ngram, draft}
+    assert b.correction_round_s(1) == 40.0  # the fastest arm measured (the one emitted), floored
+    assert b.correction_s([1]) == pytest.approx(30 + 3 * 40)  # was 30 + 3 x (20 + 40)
+    # load 16, not run: the baseline scaled (32 requests at 4x the rate: 40 s), twice
+    assert b.correction_s([1, 16]) == pytest.approx(30 + 3 * 80)
+    assert b.verify_s([1], 3) == pytest.approx(3 * (20 + 2 * 40) + 30 + 150)  # its own: slowest
+    fast = TimeBudget(930, Settings(), 3, lambda load: 4, now=lambda: now[0], t0=0.0)
+    fast.engine_started(BASELINE, 30.0)
+    fast.ran(BASELINE, 1, 20.0)
+    fast.ran(Arm("ngram", 6), 1, 5.0)  # far faster than the baseline: the floor holds
+    assert fast.correction_round_s(1) == 40.0
+
+    def arms_at(sched):
+        return lambda lo: [BASELINE, sched, ngram]
+
+    b.verify_plan([1], arms_at(Arm("ngram", 2, ((1, 1, 2),))), 1)
+    line = b.lines[-1]
+    for sched, fix in ((Arm("ngram", 2, ((1, 1, 2),)), 3 * (20 + 20)), (BASELINE, 3 * 40)):
+        left = b.left_s()
+        per_round = sum(b.run_s(a, 1) for a in dict.fromkeys(arms_at(sched)(1)))
+        room = 30 + 4 * per_round + 30 + fix  # a start, 4 rounds, the correction's reserve
+        now[0] += left - room  # exactly room for 4 rounds and the correction
+        assert b.verify_plan([1], arms_at(sched), 1) == 4, b.lines[-1]
+        now[0] += 1  # a second less: the verification gives a round up to keep the reserve
+        assert b.verify_plan([1], arms_at(sched), 1) == 3, b.lines[-1]
+        now[0] = 0.0
+    assert line.startswith("plan: verification: 4 rounds at loads [1]")
 
 
 def test_speculation_off_everywhere_is_verified_against_fixed_k_running_the_baseline_once():

@@ -87,8 +87,9 @@ def test_tune_end_to_end_writes_config_table_and_verification(
     assert "lower bound > 1" in tune["emit_rule"]
     assert [r["load"] for r in tune["search"]] == [1, 4]
     fixed_in = {c["load"] for c in tune["corrections"] if c["k_to"]}
+    fallback = (tune["fallback"] or {}).get("emitted")  # the fixed K's config or none instead
     for r in tune["search"]:  # a load emits its leader only with its CI above 1.02 (Bonferroni)
-        if r["emitted"]["method"] is not None and r["load"] not in fixed_in:
+        if r["emitted"]["method"] is not None and r["load"] not in fixed_in and not fallback:
             chosen = next(c for c in r["candidates"] if c["arm"] == r["chosen"])
             assert chosen["vs_baseline"]["lo"] > 1.02
     assert {r["load"] for r in tune["verification"]["rows"]} == {1, 4}
@@ -99,13 +100,29 @@ def test_tune_end_to_end_writes_config_table_and_verification(
     labels = {r["label"] for r in verify_runs}
     fixed = tune["verification"]["fixed"]
     assert {"baseline", fixed} <= labels <= {"baseline", fixed, "schedule", "schedule-corrected"}
-    if not tune["corrections"]:
+    if not tune["corrections"] and not fallback:
         assert ("schedule" in labels) == bool(tune["speculative_config"])
+    if fallback == "fixed K":  # emitted in the schedule's place: the fixed K's config, no schedule
+        assert tune["speculative_config"]["num_speculative_tokens"] == int(fixed.split("=")[1][:-1])
+        assert "num_speculative_tokens_per_batch_size" not in tune["speculative_config"]
     # a corrected schedule is verified again on its own engine (none where it is off everywhere)
     corrected = bool(tune["corrections"] and tune["speculative_config"])
     assert corrected or "schedule-corrected" not in labels
     md = (out / "tune.md").read_text()
     assert "| load | candidate |" in md and "## Verification" in md
+    if tune["speculative_config"] is not None:  # what the tune wrote feeds a normal run as is
+        run = tmp_path / "run"
+        proc = run_harness(
+            ["--model", "tiny", "--workload", "tiny", "--engine", "vllm",
+             "--spec-config", f"@{out / 'speculative_config.json'}", "--no-baseline",
+             "--concurrency", "4", "--num-prompts", "4", "--max-new-tokens", "16",
+             "--repeats", "1", "--warmup", "0", "--quiet", "--no-plots", "--output-dir", str(run)],
+            capsys,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs = json.loads((run / "results.json").read_text())["runs"]
+        assert runs and all(r["status"] == "ok" for r in runs)
+        assert all(r["spec_config"] == tune["speculative_config"] for r in runs)
 
 
 def test_tune_tunes_the_k_of_a_head_given_by_spec_config(tmp_path, tiny_pair, capsys):

@@ -379,6 +379,7 @@ async def _run(
                 "corrections": [c.to_json() for c in verification.corrections]
                 if verification
                 else [],
+                "fallback": verification.to_json()["fallback"] if verification else None,
                 "notes": note,
                 "elapsed_s": elapsed,
             },

@@ -157,13 +157,32 @@ class TimeBudget:
             self.start_s() + self.correction_s(loads) if loads else 0
         )
 
-    def correction_s(self, loads: Sequence[int]) -> float:
+    def correction_s(self, loads: Sequence[int],
+                     schedule_at: Callable[[int], Arm | None] | None = None) -> float:  # fmt: skip
         """Where the verification fails at a load, the corrected schedule is verified there again
         (harness/tune/correct.py): its engine start and the fewest rounds that give a CI of it
-        and the baseline, at the costliest of ``loads``."""
+        and the baseline, at the costliest of ``loads`` (``correction_round_s``)."""
         return self.start_s() + MIN_REPEATS * max(
-            (self.run_s(BASELINE, lo) + self._spec_s(lo) for lo in loads), default=0.0
+            (self.correction_round_s(lo, schedule_at) for lo in loads), default=0.0
         )
+
+    def correction_round_s(self, load: int,
+                           schedule_at: Callable[[int], Arm | None] | None = None) -> float:  # fmt: skip
+        """One round of a correction at ``load``: the baseline and the corrected schedule, whose
+        K there is one shown faster than the baseline (the fixed K) or 0, so its run is taken as
+        the emitted arm's (``schedule_at``: the schedule's arm at that load, None where it does
+        not draft; in the search, the fastest speculative arm measured there: the one that would
+        be emitted), floored at the baseline's run (K = 0 runs the target's steps too). Not the
+        slowest arm raced: a draft model 1.7x the baseline's time is never what a correction
+        reruns."""
+        base = self.run_s(BASELINE, load)
+        if schedule_at is not None:
+            arm = schedule_at(load)
+            spec = self.run_s(arm, load) if arm is not None else base
+        else:
+            here = [t for (a, lo), t in self.runs.items() if lo == load and a.method and t]
+            spec = min((sum(t) / len(t) for t in here), default=base)
+        return base + max(base, spec)
 
     def _starts_s(self, arms: Sequence[Arm]) -> float:
         return self.start_s() * len([a for a in set(arms) if a not in self.started])
@@ -254,7 +273,12 @@ class TimeBudget:
         per_round = sum(self.run_s(a, lo) for lo in loads for a in dict.fromkeys(arms_at(lo)))
         starts = new_engines * self.start_s()
         least = min(MIN_REPEATS, self.verify_rounds)
-        fix = self.correction_s(loads)  # kept for a correction, where one is needed
+
+        def drafts(lo: int) -> Arm | None:  # the schedule's arm there; None: K = 0, off
+            arm = list(arms_at(lo))[1]
+            return arm if arm.method and arm.k else None
+
+        fix = self.correction_s(loads, drafts)  # kept for a correction, where one is needed
         rounds = next(
             (r for r in range(self.verify_rounds, least - 1, -1)
              if starts + r * per_round + fix <= self.left_s()),

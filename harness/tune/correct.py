@@ -2,7 +2,9 @@
 load's range is set to the fixed K (where the fixed K was shown faster than the baseline in the
 same rounds, by the emit rule's standard over the loads verified), else to K = 0, and the corrected schedule is verified there again
 (harness/tune/verify.py ``answer``). The emit rule (harness/tune/schedule.py ``RULE``) makes this
-rare; this is what keeps a tune from handing over a schedule its own check found slower."""
+rare; this is what keeps a tune from handing over a schedule its own check found slower. A load
+no change of K can correct (it runs that K already) is ``stuck``: the fixed K's own config, or
+none, is emitted in the schedule's place (harness/tune/verify.py ``_fall_back``)."""
 
 from __future__ import annotations
 
@@ -12,11 +14,21 @@ from typing import Any
 
 from harness.analysis.comparisons.stats import METHOD, Comparison
 from harness.tune.race import Arm, fmt_ratio
-from harness.tune.schedule import Pick, Schedule, pays, raced
+from harness.tune.schedule import Pick, Schedule, pays, raced, shown_slower
 from harness.tune.search import LoadResult
 
 NOT_REMEASURED = Comparison("output_tok_s", None, None, None, 0, METHOD, "not re-measured")
 IDENTICAL = Comparison("output_tok_s", 1.0, 1.0, 1.0, 0, METHOD, "identical: speculation off")
+ITSELF = Comparison("output_tok_s", 1.0, 1.0, 1.0, 0, METHOD, "identical: the fixed K itself")
+
+
+def inverse(c: Comparison) -> Comparison:
+    """``c`` the other way round (b over a): the same paired rounds, the verdict flipped."""
+    if c.estimate is None:
+        return c
+    flip = {"faster": "slower", "slower": "faster"}
+    return replace(c, estimate=1 / c.estimate, lo=None if c.hi is None else 1 / c.hi,
+                   hi=None if c.lo is None else 1 / c.lo, verdict=flip.get(c.verdict, c.verdict))  # fmt: skip
 
 
 def k_at(schedule: Schedule, load: int) -> int:
@@ -48,19 +60,36 @@ def searched_loads(results: Sequence[LoadResult], fixed: Arm, tol: float) -> fro
     return frozenset(out)
 
 
-def problem(row: Mapping[str, Any], what: str, fixed: Arm, proven: bool) -> str | None:
+def problem(row: Mapping[str, Any], what: str, fixed: Arm, proven: bool, tol: float,
+            loads: int) -> str | None:  # fmt: skip
     """Why a verified load fails, or None: the schedule significantly slower than the baseline,
     or than a fixed K that was shown faster than the baseline in those rounds (``proven``:
-    ``fixed_pays``; a fixed K not shown faster is no better answer than speculation off)."""
+    ``fixed_pays``; a fixed K not shown faster is no better answer than speculation off).
+    Significantly: ``shown_slower`` over the ``loads`` verified."""
     sb, sf, fb = row["schedule_vs_baseline"], row["schedule_vs_fixed"], row["fixed_vs_baseline"]
-    if sb.verdict == "slower":
+    if shown_slower(sb, tol, loads):
         return f"{what} was slower than the baseline ({fmt_ratio(sb)})"
-    if sf.verdict == "slower" and proven:
+    if proven and shown_slower(sf, tol, loads):
         return (
             f"{what} was slower than fixed {fixed.label} ({fmt_ratio(sf)}), which was faster "
             f"than the baseline ({fmt_ratio(fb)})"
         )
     return None
+
+
+def fixed_holds(rows: Sequence[Mapping[str, Any]], tol: float, searched: Set[int]) -> bool:
+    """The fixed K, as a config of its own, meets the schedule's bar at every load verified: it
+    passed the emit rule there in the search (``searched``), the verification's fresh rounds put
+    it more than ``tol`` ahead of the baseline (the confirmation) and never significantly behind.
+    Then it can be emitted in place of a schedule that cannot be corrected, on the rounds
+    already run (it ran in every one)."""
+    return bool(rows) and all(
+        row["load"] in searched
+        and (fb := row["fixed_vs_baseline"]).estimate is not None
+        and fb.estimate > 1 + tol
+        and not shown_slower(fb, tol, len(rows))
+        for row in rows
+    )
 
 
 def unconfirmed(row: Mapping[str, Any], what: str, k: int, tol: float) -> str | None:
@@ -92,24 +121,30 @@ class Correction:
         to = f"K = {self.k_to} (the fixed K)" if self.k_to else "K = 0 (off)"
         return f"load {self.load}: K = {self.k_from} -> {to}: {self.why}"
 
+    def stuck_line(self) -> str:
+        """A load no change of K fixes (``corrections``' stuck)."""
+        return f"load {self.load}: K = {self.k_from} there already: {self.why}"
+
     def to_json(self) -> dict[str, Any]:
         return {"load": self.load, "k_from": self.k_from, "k_to": self.k_to, "why": self.why}
 
 
 def corrections(rows: Sequence[Mapping[str, Any]], schedule: Schedule, what: str, fixed: Arm,
-                tol: float, searched: Set[int]) -> list[Correction]:  # fmt: skip
-    """Per failing load (``problem``): the fixed K where it was shown faster than the baseline
-    there (``fixed_pays``), else K = 0; none where that is the K the schedule already runs."""
-    out = []
+                tol: float, searched: Set[int]) -> tuple[list[Correction], list[Correction]]:  # fmt: skip
+    """Per failing load (``problem``, ``unconfirmed``): the fixed K where it was shown faster than
+    the baseline there (``fixed_pays``), else K = 0. (corrections, stuck): a stuck load is one
+    where that is the K the schedule already runs (a K = 0 range of a drafter that costs its
+    steps; the fixed K's own K run slower by the schedule's engine): no change of its K can fix
+    it, and the verify step emits the fixed K's config or none instead (verify.py ``_correct``)."""
+    out: tuple[list[Correction], list[Correction]] = ([], [])
     for row in rows:
         proven = fixed_pays(row, tol, len(rows), searched)
         here = k_at(schedule, row["load"])
-        why = problem(row, what, fixed, proven) or unconfirmed(row, what, here, tol)
+        why = problem(row, what, fixed, proven, tol, len(rows)) or unconfirmed(row, what, here, tol)
         if why is None:
             continue
         to = fixed.k if proven else 0
-        if to != here:
-            out.append(Correction(row["load"], here, to, why))
+        out[to == here].append(Correction(row["load"], here, to, why))
     return out
 
 

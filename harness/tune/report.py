@@ -113,6 +113,20 @@ def markdown(
                 f"| {load} | {fmt(sf)} | {sf.verdict} | {fmt(sb)} | {sb.verdict} | {fmt(fb)} |"
             )
         lines.append("")
+        if verification.fallback:
+            instead = (
+                f"the fixed K's config (fixed {verification.fixed.label}: its rows above are its "
+                "own, from the same rounds)"
+                if verification.fallback == "fixed K"
+                else "no speculative_config (speculation off everywhere)"
+            )
+            lines += [
+                f"Emitted in place of the schedule: {instead}. No change of K could correct the "
+                "schedule at (its first rows are `first_rows` in tune.json):",
+                "",
+                *(f"- {c.stuck_line()}" for c in verification.stuck),
+                "",
+            ]
         if verification.corrections:
             lines += [
                 "Corrected by the verification (each such load verified again against the "

@@ -151,7 +151,11 @@ RULE = (
     "decided or undecided alike; elsewhere K = 0. Where the verification then finds the schedule "
     "significantly slower than the baseline at a load (or than a fixed K shown faster than the "
     "baseline there by this rule, in the search and again in the verification over the loads "
-    "verified), that load is set to that fixed K (else K = 0) and verified again"
+    "verified), that load is set to that fixed K (else K = 0) and verified again; where no "
+    "change of K can correct a load (it runs that K already), the fixed K's own config is "
+    "emitted in the schedule's place if it passed this rule and its confirmation at every load, "
+    "else none (speculation off) where that load runs K = 0, else that load is set to K = 0. "
+    "Significantly slower: over the loads verified (1 - 0.05/n)"
 )
 
 
@@ -169,6 +173,27 @@ def adjusted_lo(v: Comparison | None, arms: int, alpha: float = FAMILY_ALPHA) ->
         return None
     wider = t_quantile(1 - alpha / (2 * arms), v.n - 1) / t975(v.n - 1)
     return math.exp(math.log(v.estimate) - wider * (math.log(v.estimate) - math.log(v.lo)))
+
+
+def adjusted_hi(v: Comparison | None, arms: int, alpha: float = FAMILY_ALPHA) -> float | None:
+    """The upper bound of ``v``'s CI at the two-sided level 1 - alpha / arms (``adjusted_lo``'s
+    other side)."""
+    if v is None or v.estimate is None or v.hi is None or v.estimate <= 0 or v.hi <= 0:
+        return None
+    wider = t_quantile(1 - alpha / (2 * arms), v.n - 1) / t975(v.n - 1)
+    return math.exp(math.log(v.estimate) + wider * (math.log(v.hi) - math.log(v.estimate)))
+
+
+def shown_slower(v: Comparison | None, tol: float, arms: int = 1) -> bool:
+    """The verification's "significantly slower", over the ``arms`` (loads) it looked at: the
+    estimate more than the tolerance below 1 and the CI at the level 1 - 0.05/arms below 1. At
+    95% per load, a schedule equal to the baseline at 4 loads is found slower somewhere in up to
+    1 - 0.975^4 ~ 10% of tunes (a K = 0 range of ngram runs the baseline's own steps): a
+    correction, or a FAILED tune, made by noise (tests/test_tune_emit.py)."""
+    if v is None or v.estimate is None or v.estimate > 1 - tol:
+        return False
+    hi = adjusted_hi(v, arms)
+    return hi is not None and hi < 1
 
 
 def pays(v: Comparison | None, tol: float, arms: int = 1) -> bool:

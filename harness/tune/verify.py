@@ -5,17 +5,20 @@ interleaved rounds at every load (never the data that chose it), as many as the 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from harness.analysis.comparisons.stats import MIN_REPEATS, Comparison
 from harness.tune.correct import (
     IDENTICAL,
+    ITSELF,
     NOT_REMEASURED,
     Correction,
     corrected_picks,
     corrections,
+    fixed_holds,
     fixed_pays,
+    inverse,
     problem,
     searched_loads,
 )
@@ -27,6 +30,8 @@ from harness.tune.schedule import (
     build_config,
     fixed_config,
     picks,
+    ranges,
+    shown_slower,
 )
 from harness.tune.search import BASELINE, Arm, LoadResult, Measure, Race, Settings, fmt_ratio
 
@@ -46,9 +51,13 @@ class Verification:
     why_not: str = ""  # why a corrected load was not verified again (the budget), if it was not
     tolerance: float = 0.02  # --min-effect: the emit rule's, for a fixed K shown faster
     searched: frozenset[int] = frozenset()  # loads where the fixed K passed the emit rule
+    stuck: list[Correction] = field(default_factory=list)  # loads no change of K could fix
+    fallback: str = ""  # what was emitted in place of the schedule there: "fixed K" or "off"
 
     @property
     def what(self) -> str:
+        if self.fallback == "fixed K":
+            return f"fixed {self.fixed.label}"
         return "the schedule" if self.schedule.method else "speculation off"
 
     @property
@@ -57,12 +66,13 @@ class Verification:
         for row in self.rows:
             sb = row["schedule_vs_baseline"]
             if row.get("corrected"):
+                again = sum(1 for r in self.rows if r.get("corrected"))
                 if sb.lo is None:
                     out.append(
                         f"load {row['load']}: {self.what}, corrected there, was not verified again "
                         f"({self.why_not or 'see stderr'})"
                     )
-                elif sb.verdict == "slower":
+                elif shown_slower(sb, self.tolerance, again):
                     out.append(f"load {row['load']}: {self.what}, corrected there, is slower than "
                                f"the baseline ({fmt_ratio(sb)})")  # fmt: skip
                 continue
@@ -73,8 +83,11 @@ class Verification:
                     "see stderr)"
                 )
                 continue
-            proven = fixed_pays(row, self.tolerance, len(self.first or self.rows), self.searched)
-            why = problem(row, self.what, self.fixed, proven)
+            if self.fallback:  # emitted in place of the schedule on these rows: never slower
+                continue
+            loads = len(self.first or self.rows)
+            proven = fixed_pays(row, self.tolerance, loads, self.searched)
+            why = problem(row, self.what, self.fixed, proven, self.tolerance, loads)
             if why is not None:
                 out.append(f"load {row['load']}: {why.replace(' was ', ' is ', 1)}")
         return out
@@ -86,6 +99,18 @@ class Verification:
     def headline(self) -> str:
         if not self.passed:
             return "tune: verification FAILED: " + "; ".join(self.failures)
+        if self.fallback:
+            instead = (
+                f"fixed {self.fixed.label} is emitted in place of the schedule and is never "
+                "significantly slower than the baseline"
+                if self.fallback == "fixed K"
+                else "speculation off everywhere (no file) in place of the schedule"
+            )
+            return (
+                f"tune: verified: {instead} ({self.rounds} interleaved rounds per load); the "
+                "schedule could not be corrected at "
+                + "; ".join(c.stuck_line() for c in self.stuck)
+            )
         wins = [r["load"] for r in self.rows if r["schedule_vs_fixed"].verdict == "faster"]
         gain = (
             f"beats fixed {self.fixed.label} at load {', '.join(map(str, wins))}"
@@ -122,7 +147,12 @@ class Verification:
             "headline": self.headline(),
             "rows": rows(self.rows),
             "corrections": [c.to_json() for c in self.corrections],
-            "first_rows": rows(self.first) if self.corrections else None,
+            "first_rows": rows(self.first) if self.corrections or self.fallback else None,
+            "fallback": (
+                {"emitted": self.fallback, "stuck": [c.to_json() for c in self.stuck]}
+                if self.fallback
+                else None
+            ),
         }
 
 
@@ -232,7 +262,10 @@ async def _correct(out: Answer, method_cfgs: Mapping[str, Mapping[str, Any]], m:
     (nothing to run where it is off everywhere), ``out`` updated to it."""
     v = out.verification
     assert v is not None
-    fixes = corrections(v.rows, out.schedule, v.what, fixed, s.tolerance, v.searched)
+    fixes, stuck = corrections(v.rows, out.schedule, v.what, fixed, s.tolerance, v.searched)
+    if stuck and _fall_back(out, stuck, method_cfgs.get(m, {}), fixed, s):
+        return
+    fixes = sorted([*fixes, *(replace(c, k_to=0) for c in stuck)], key=lambda c: c.load)
     if not fixes:
         return
     chosen = corrected_picks(out.picks, fixes, fixed)
@@ -267,3 +300,48 @@ async def _correct(out: Answer, method_cfgs: Mapping[str, Mapping[str, Any]], m:
     out.notes += [n for n in more if n not in out.notes]
     out.verification = Verification(sched, fixed, v.rounds, rows, fixes, v.rows, why_not,
                                     s.tolerance, v.searched)  # fmt: skip
+
+
+def _fall_back(out: Answer, stuck: Sequence[Correction], method_cfg: Mapping[str, Any],
+               fixed: Arm, s: Settings) -> bool:  # fmt: skip
+    """Where a load's failure is ``stuck`` (no change of its K can fix it: harness/tune/correct.py
+    ``corrections``): the fixed K's config in place of the schedule where it meets the schedule's
+    bar at every load (``fixed_holds``: it ran in the same rounds, nothing to run again), else,
+    where a stuck load already runs K = 0, no config (speculation off: the baseline itself).
+    False where neither applies (a stuck load drafting the fixed K: set to K = 0 and verified
+    again, as a correction)."""
+    v = out.verification
+    assert v is not None
+    if fixed.k and fixed_holds(v.rows, s.tolerance, v.searched):
+        how = "fixed K"
+        config: dict[str, Any] | None = fixed_config(method_cfg, fixed.k)
+        schedule = ranges([(r["load"], fixed.k) for r in v.rows])
+        chosen = [replace(p, method=fixed.method, k=fixed.k, speedup=None, off="")
+                  for p in out.picks]  # fmt: skip
+        rows = [{**r, "schedule_vs_fixed": ITSELF, "schedule_vs_baseline": r["fixed_vs_baseline"]}
+                for r in v.rows]  # fmt: skip
+        sched = fixed
+    elif any(c.k_from == 0 for c in stuck):
+        how, config, schedule, sched = "off", None, (), BASELINE
+        chosen = [replace(p, method=None, k=0, speedup=1.0, by_method={},
+                          off="off: the schedule could not be corrected (verification)")
+                  for p in out.picks]  # fmt: skip
+        rows = [{**r, "schedule_vs_fixed": inverse(r["fixed_vs_baseline"]),
+                 "schedule_vs_baseline": IDENTICAL} for r in v.rows]  # fmt: skip
+    else:
+        return False
+    said = (
+        f"fixed {fixed.label}'s config, never significantly slower than the baseline in the "
+        "verification's rounds and more than the tolerance ahead of it at every load"
+        if config
+        else "no speculative_config (speculation off: the baseline itself)"
+    )
+    out.notes += [
+        f"emitted in place of the schedule: {said}; the schedule could not be corrected at "
+        f"{c.stuck_line()}"
+        for c in stuck
+    ]
+    out.picks, out.config, out.schedule = chosen, config, schedule
+    out.verification = Verification(sched, fixed, v.rounds, rows, [], v.rows, "", s.tolerance,
+                                    v.searched, list(stuck), how)  # fmt: skip
+    return True
