@@ -15,7 +15,7 @@ from harness.core.columns import RecordColumns, seq_sum
 from harness.core.records import NOT_SENT, RequestRecord
 
 
-def _records(n: int, seed: int = 7) -> list[RequestRecord]:
+def _records(n: int, seed: int = 7, files: bool = True) -> list[RequestRecord]:
     rng = random.Random(seed)
     out = []
     for i in range(n):
@@ -29,6 +29,10 @@ def _records(n: int, seed: int = 7) -> list[RequestRecord]:
         ok = rng.random() > 0.1 or not k
         error = None if ok else rng.choice(["HTTP 500: boom", NOT_SENT, "cancelled at stop"])
         with_ids = rng.random() > 0.3
+        if (
+            files and k and rng.random() < 0.1
+        ):  # a file's record (vllm bench): chunk times, no sizes
+            sizes, with_ids = [], False
         out.append(
             RequestRecord(
                 request_id=f"r{i}",
@@ -38,7 +42,7 @@ def _records(n: int, seed: int = 7) -> list[RequestRecord]:
                 chunk_tokens=tuple(sizes),
                 output_token_ids=tuple(range(sum(sizes))) if with_ids else None,
                 prompt_tokens=rng.choice([None, 16, 40]),
-                usage_output_tokens=rng.choice([None, None, sum(sizes)]),
+                usage_output_tokens=rng.choice([None, None, sum(sizes)]) if sizes else k,
                 output_text=rng.choice([None, " t1 t2", "   \n  \n   "]),
                 ok=ok,
                 error=error,
@@ -67,8 +71,9 @@ def test_records_come_back_as_they_went_in() -> None:
         cols[400]
 
 
-def test_each_column_is_the_per_record_property() -> None:
-    recs = _records(600)
+@pytest.mark.parametrize("files", [False, True])
+def test_each_column_is_the_per_record_property(files: bool) -> None:
+    recs = _records(600, files=files)
     cols = RecordColumns(recs)
     np.testing.assert_array_equal(cols.ok(), [r.ok for r in recs])
     np.testing.assert_array_equal(cols.counted(), [r.counted for r in recs])
@@ -93,9 +98,10 @@ def test_each_column_is_the_per_record_property() -> None:
     np.testing.assert_array_equal(meets(cols, slo), [one(r) for r in recs])
 
 
-def test_summary_of_columns_is_that_of_the_records() -> None:
+@pytest.mark.parametrize("files", [False, True])
+def test_summary_of_columns_is_that_of_the_records(files: bool) -> None:
     """The summary from columns against the per-record definitions it replaced."""
-    recs = _records(800, seed=3)
+    recs = _records(800, seed=3, files=files)
     s = summarize(recs, {"ttft": 900.0})
     counted = [r for r in recs if not r.warmup]
     ok = [r for r in counted if r.ok]
@@ -107,6 +113,10 @@ def test_summary_of_columns_is_that_of_the_records() -> None:
     assert s["tpot_s"] == distribution([r.tpot for r in ok])
     assert s["itl_s"] == distribution([x for r in ok for x in r.itl])
     assert s["e2e_s"] == distribution([r.e2e for r in ok])
+    assert s["itl_per_token_s"] == distribution([x for r in ok for x in r.itl_per_token])
+    assert s["mean_chunk_tokens"] == s["output_tokens"] / max(
+        1, sum(len(r.chunk_tokens) for r in ok)
+    )
     events = sorted([(r.t_send, 1) for r in counted] + [(r.t_end, -1) for r in counted])
     peak = cur = 0
     for _, step in events:

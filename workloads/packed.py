@@ -20,8 +20,8 @@ class PackedRequests(Sequence[Request]):
         self.source_prefix = source_prefix
         self._ids: list[str] = []
         self._texts: list[str] = []
-        self._lengths = array("q")
-        self._tokens = array("q")
+        self._lengths = array("i")
+        self._tokens = array("i")  # token ids: < 2**31
         self._at = array("q", [0])  # request i's ids: _tokens[_at[i]:_at[i+1]]
 
     def append(self, rid: str, text: str, max_new_tokens: int, ids: Sequence[int]) -> None:

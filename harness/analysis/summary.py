@@ -27,9 +27,10 @@ def distribution(
     """mean, median, p90, p99 (and any other ``percentiles``: ``--metric-percentiles``), stdev
     of the non-missing values (None when there are none; NaN in an array is missing)."""
     ps = list(dict.fromkeys([*PERCENTILES, *percentiles]))
-    if isinstance(values, np.ndarray):
-        xs = values.astype(float)
-        xs = xs[~np.isnan(xs)]
+    if isinstance(values, np.ndarray):  # copied only where a value is missing
+        xs = np.asarray(values, dtype=float)
+        missing = np.isnan(xs)
+        xs = xs[~missing] if missing.any() else xs
     else:
         xs = np.array([v for v in values if v is not None], dtype=float)
     if xs.size == 0:
@@ -52,10 +53,11 @@ def peak_in_flight(records: Sequence[RequestRecord]) -> int:
 
 
 def _peak(sends: np.ndarray, ends: np.ndarray) -> int:
-    times = np.concatenate([sends, ends])
-    steps = np.concatenate([np.ones(sends.size, np.int64), -np.ones(ends.size, np.int64)])
-    order = np.lexsort((steps, times))
-    return int(max(0, np.cumsum(steps[order]).max(initial=0)))
+    """In flight just after each send (sorted): the sends so far less the ends by then (an end
+    at the send's instant first); the count rises only at a send, so its peak is the peak."""
+    sends, ends = np.sort(sends), np.sort(ends)
+    after = np.arange(1, sends.size + 1) - np.searchsorted(ends, sends, side="right")
+    return int(max(0, after.max(initial=0)))
 
 
 def summarize(

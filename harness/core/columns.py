@@ -32,7 +32,9 @@ class RecordColumns(Sequence[RequestRecord]):
         self._prompt, self._usage, self._out = array("q"), array("q"), array("q")
         self._ok, self._warmup = array("b"), array("b")
         self._chunk_at = array("q", [0])  # record i's chunks: _times[_chunk_at[i]:_chunk_at[i+1]]
+        self._sizes_at = array("q", [0])  # and their tokens (a file's record may have no sizes)
         self._times, self._sizes = array("d"), array("i")
+        self._aligned = True  # every record has a size per chunk time
         self._ids_at = array("q", [0])  # record i's token ids (_has_ids[i] 0: None)
         self._tokens, self._has_ids = array("i"), array("b")  # token ids: < 2**31
         self._text: list[str | None] = []
@@ -74,6 +76,8 @@ class RecordColumns(Sequence[RequestRecord]):
         self._times.extend(r.chunk_times)
         self._sizes.extend(r.chunk_tokens)
         self._chunk_at.append(len(self._times))
+        self._sizes_at.append(len(self._sizes))
+        self._aligned = self._aligned and len(r.chunk_times) == len(r.chunk_tokens)
         ids = r.output_token_ids
         self._has_ids.append(ids is not None)
         if ids is not None:
@@ -136,7 +140,7 @@ class RecordColumns(Sequence[RequestRecord]):
             t_send=self._t_send[i],
             t_end=self._t_end[i],
             chunk_times=tuple(self._times[a:b]),
-            chunk_tokens=tuple(self._sizes[a:b]),
+            chunk_tokens=tuple(self._sizes[self._sizes_at[i] : self._sizes_at[i + 1]]),
             output_token_ids=tuple(self._tokens[self._ids_at[i] : self._ids_at[i + 1]])
             if self._has_ids[i]
             else None,
@@ -179,7 +183,8 @@ class RecordColumns(Sequence[RequestRecord]):
         return np.array(self._prompt, dtype=np.int64)
 
     def n_chunks(self) -> np.ndarray:
-        return np.diff(np.array(self._chunk_at, dtype=np.int64))
+        """``len(chunk_tokens)`` of each record."""
+        return np.diff(np.array(self._sizes_at, dtype=np.int64))
 
     def has_token_ids(self) -> np.ndarray:
         return np.array(self._has_ids, dtype=bool)
@@ -197,10 +202,9 @@ class RecordColumns(Sequence[RequestRecord]):
     def first_chunk_t(self) -> np.ndarray:
         """When each record's first chunk came (NaN: none)."""
         at = np.array(self._chunk_at, dtype=np.int64)
-        times = np.array(self._times, dtype=float)
         has = at[1:] > at[:-1]
         out = np.full(len(self), np.nan)
-        out[has] = times[at[:-1][has]]
+        out[has] = np.frombuffer(self._times, dtype=float)[at[:-1][has]]  # a copy: no view kept
         return out
 
     def ttft(self) -> np.ndarray:
@@ -230,14 +234,14 @@ class RecordColumns(Sequence[RequestRecord]):
 
     def _gaps(self, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The inter-chunk gaps of the records in ``mask`` (in order) and the tokens of the
-        chunk each gap ends at."""
-        n = self.n_chunks()
-        owner = np.repeat(np.arange(len(self)), n)  # the record of each chunk
-        times = np.array(self._times, dtype=float)
-        keep = (owner[:-1] == owner[1:]) & mask[owner[:-1]] if owner.size > 1 else owner[:0] > 0
-        gaps = np.diff(times)[keep]
-        sizes = np.array(self._sizes, dtype=np.int64)[1:][keep]
-        return gaps, sizes
+        chunk each gap ends at (those only where every record is aligned)."""
+        at = np.array(self._chunk_at, dtype=np.int64)
+        keep = np.repeat(mask, np.diff(at))  # per chunk: its record is in the mask
+        keep[at[:-1][at[:-1] < at[1:]]] = False  # a record's first chunk ends no gap
+        times = np.frombuffer(self._times, dtype=float)  # views of the arrays: no copy
+        gaps = np.diff(times)[keep[1:]]  # a gap per chunk after a record's first
+        sizes = np.frombuffer(self._sizes, dtype=np.int32)
+        return gaps, sizes[1:][keep[1:]] if self._aligned else sizes[:0]
 
     def itl(self, mask: np.ndarray) -> np.ndarray:
         """:attr:`RequestRecord.itl` of the records in ``mask``, one after the other."""
@@ -245,9 +249,14 @@ class RecordColumns(Sequence[RequestRecord]):
 
     def itl_per_token(self, mask: np.ndarray) -> np.ndarray:
         """:attr:`RequestRecord.itl_per_token` of the records in ``mask``, one after the other."""
+        if not self._aligned:  # a size missing somewhere: record by record, as the property
+            got = [x for i in np.flatnonzero(mask) for x in self._record(int(i)).itl_per_token]
+            return np.array(got, dtype=float)
         gaps, sizes = self._gaps(mask)
-        pos = sizes > 0
-        return np.repeat(gaps[pos] / sizes[pos], sizes[pos])
+        if not (sizes > 0).all():
+            gaps, sizes = gaps[sizes > 0], sizes[sizes > 0]
+        gaps /= sizes  # in place: a million requests' gaps are copied once, not thrice
+        return gaps if (sizes == 1).all() else np.repeat(gaps, sizes)
 
 
 def seq_sum(xs: np.ndarray) -> float:
