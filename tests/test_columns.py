@@ -130,3 +130,32 @@ def test_summary_of_columns_is_that_of_the_records(files: bool) -> None:
             kinds[kind] = kinds.get(kind, 0) + 1
     assert s["errors"] == kinds
     assert seq_sum(np.array([0.1, 0.2, 0.3])) == sum([0.1, 0.2, 0.3])
+
+
+def test_a_stub_like_record_held_as_columns_costs_under_400_bytes() -> None:
+    """Issue 38's memory bound, by allocation (not RSS, not time): a finished 8-chunk record
+    held in a run's columns costs < 400 bytes (its id included; ~320 here), where the
+    ``RequestRecord`` object with its tuples cost ~800."""
+    import gc
+    import tracemalloc
+
+    n, info = 20_000, {"stream_end": "[DONE]", "output_tokens_from": "server usage"}
+
+    def record(i: int) -> RequestRecord:
+        t0 = 1000.0 + i * 1e-3
+        times = tuple(t0 + 0.001 * (k + 1) + i * 1e-9 for k in range(8))
+        text = "".join(f" t{k}" for k in range(8))
+        return RequestRecord(
+            str(i), t0, times[-1] + 1e-4, times, (1,) * 8, tuple(range(1000, 1008)), 17, 8,
+            text, True, None, False, info,
+        )  # fmt: skip
+
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    cols = RecordColumns(record(i) for i in range(n))
+    gc.collect()
+    held = (tracemalloc.get_traced_memory()[0] - before) / n
+    tracemalloc.stop()
+    assert len(cols) == n and cols[n - 1] == record(n - 1)
+    assert held < 400, f"{held:.0f} bytes a record"
