@@ -124,3 +124,36 @@ def test_throughput_point_sends_several_waves(tiny_pair) -> None:
     assert len(plan(fill_concurrency=False).point_requests(p, reqs)) == len(reqs)
     assert len(plan().point_requests(Point("latency", Concurrent(1), 8), reqs)) == len(reqs)
     assert len(plan(duration=3.0).point_requests(p, reqs)) >= 100_000
+
+
+def test_random_requests_are_packed_and_read_back_whole(tok) -> None:
+    """Issue 38: a random workload is held packed (texts and flat id arrays, no Request object
+    per prompt); each request read back is the one the per-request code built, the
+    fingerprint is the JSON list's hash as before, and the length rule is a view."""
+    import hashlib
+    import json
+
+    from harness.run.plan import RunPlan
+    from workloads import fingerprint
+    from workloads.packed import Mapped, PackedRequests
+    from workloads.synthetic import SOURCE
+
+    w = synthetic_workload("random", tok.name_or_path, 40, RandomSpec(16, 8, 0.5), seed=3)
+    assert isinstance(w.requests, PackedRequests)
+    whole = tuple(w.requests)
+    for r in whole:
+        assert r == Request(r.id, r.prompt, None, r.max_new_tokens, None, f"{SOURCE}{r.id}",
+                            prompt_token_ids=tuple(tok.encode(r.prompt)))  # fmt: skip
+    assert w.requests[-1] == whole[-1] and w.requests[2:5] == whole[2:5] and w.requests == whole
+    rows = [[r.id, r.prompt, []] for r in whole]  # the one-blob hash it replaced
+    blob = json.dumps(rows, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    assert fingerprint(w.requests) == hashlib.sha256(blob.encode()).hexdigest() == w.fingerprint
+    plan = RunPlan(
+        engines=("vllm",), model="m", draft_model=None, tokenizer=None, spec_methods=(),
+        num_spec_tokens=(4,), spec_config=None, baseline=True, modes=("throughput",),
+        concurrency=(4,), request_rates=(), burstiness=1.0, max_new_tokens=(5,),
+        repeats=1, warmup=0, target_ci=None, max_repeats=1, seed=0, workload="default",
+    )  # fmt: skip
+    view = plan.resolve_lengths(Point("throughput", Concurrent(4), 5), w.requests)
+    assert isinstance(view, Mapped) and len(view) == 40
+    assert [r.max_new_tokens for r in view] == [5] * 40 and view[3].id == whole[3].id

@@ -91,17 +91,21 @@ def _resolve_in(spec: str | Path, table: Mapping[str, tuple[str, str]]) -> tuple
     return _resolve(spec)
 
 
-def fingerprint(requests: tuple[Request, ...]) -> str:
+def fingerprint(requests: Sequence[Request]) -> str:
     """sha256 over the ids and prompts/messages (a trace's token ids, send times and lengths; a
-    conversation's later turns), in order: equal iff the prompt sets are."""
-    rows: list[list] = [[r.id, r.prompt, [dict(m) for m in r.messages or ()]] for r in requests]
-    for row, r in zip(rows, requests):  # a trace's ids and times, a conversation's later turns
+    conversation's later turns), in order: equal iff the prompt sets are. The JSON list of one
+    row per request, hashed row by row (a million requests: no list, no blob)."""
+    h = hashlib.sha256(b"[")
+    for k, r in enumerate(requests):
+        row: list = [r.id, r.prompt, [dict(m) for m in r.messages or ()]]
         if r.prompt is None and r.messages is None and r.prompt_token_ids is not None:
-            row += [list(r.prompt_token_ids), r.send_s, r.max_new_tokens]
-        if r.next_turns:
+            row += [list(r.prompt_token_ids), r.send_s, r.max_new_tokens]  # a trace's
+        if r.next_turns:  # a conversation's later turns
             row.append(list(r.next_turns))
-    blob = json.dumps(rows, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+        text = json.dumps(row, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+        h.update(("," + text if k else text).encode("utf-8"))
+    h.update(b"]")
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,7 @@ class Workload:
     name: str
     path: str
     fmt: str
-    requests: tuple[Request, ...]
+    requests: Sequence[Request]  # a tuple, or packed (workloads.packed)
     turn: int = 0
     num_prompts: int | None = None  # None: the whole file
     seed: int = 0

@@ -24,7 +24,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from workloads.base import Request
+from workloads.packed import PackedRequests
 from workloads.readers import WorkloadError
+
+SOURCE = "synthetic#"  # a synthetic request's source: this and its id
 
 SYNTHETIC = ("random", "prefix_repetition")
 
@@ -123,14 +126,19 @@ def _exact(
     return text, list(tok.encode(text, add_special_tokens=False))
 
 
+def _prompt_ids(tok: Tokenizer, text: str) -> list[int]:
+    """The ids an OpenAI server would make of the text (special tokens included)."""
+    return list(tok.encode(text, add_special_tokens=True))
+
+
 def _request(tok: Tokenizer, rid: str, text: str, out_len: int) -> Request:
-    # the ids an OpenAI server would make of the text (special tokens included)
-    ids = tuple(tok.encode(text, add_special_tokens=True))
-    return Request(rid, text, None, out_len, None, f"synthetic#{rid}", prompt_token_ids=ids)
+    ids = tuple(_prompt_ids(tok, text))
+    return Request(rid, text, None, out_len, None, f"{SOURCE}{rid}", prompt_token_ids=ids)
 
 
-def random_requests(tok: Tokenizer, n: int, spec: RandomSpec, seed: int = 0) -> tuple[Request, ...]:
-    """``n`` prompts of vLLM bench's ``random`` dataset; raises WorkloadError on bad lengths."""
+def random_requests(tok: Tokenizer, n: int, spec: RandomSpec, seed: int = 0) -> PackedRequests:
+    """``n`` prompts of vLLM bench's ``random`` dataset, packed (a million in a soak run:
+    :class:`PackedRequests`); raises WorkloadError on bad lengths."""
     rin, rout = _ratios(spec)
     if spec.input_len < 1 or spec.output_len < 1 or spec.prefix_len < 0:
         raise WorkloadError(None, "input/output lengths must be >= 1, prefix >= 0", field="random")
@@ -155,12 +163,12 @@ def random_requests(tok: Tokenizer, n: int, spec: RandomSpec, seed: int = 0) -> 
     if spec.prefix_len > 0:
         raw = vocab[rng.integers(0, len(vocab), size=spec.prefix_len)].tolist()
         prefix = _exact(tok, raw, spec.prefix_len, rng)[1]
-    out = []
+    out = PackedRequests(SOURCE)
     for i in range(n):
         inner = vocab[(offsets[i] + i + np.arange(in_lens[i])) % len(vocab)].tolist()
         text, _ = _exact(tok, prefix + inner, spec.prefix_len + int(in_lens[i]), rng)
-        out.append(_request(tok, str(i), text, int(out_lens[i])))
-    return tuple(out)
+        out.append(str(i), text, int(out_lens[i]), _prompt_ids(tok, text))
+    return out
 
 
 def prefix_repetition_requests(

@@ -26,8 +26,10 @@ def clock_warnings(runs: Sequence[Run]) -> list[dict[str, Any]]:
     for run in runs:
         info = run.extra.get("client_workers") or run.engine_info.get("client_workers") or {}
         worst = info.get("max_uncertainty_s")
+        if worst is None:
+            continue
         ttfts = [r.ttft for r in run.records if r.counted and r.ttft is not None]
-        if worst is None or not ttfts:
+        if not ttfts:
             continue
         ttft = statistics.median(ttfts)
         if worst > SHARE * ttft:

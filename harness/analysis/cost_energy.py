@@ -58,8 +58,10 @@ def run_energy(run: Run) -> tuple[float, int] | None:
     reading (or no tokens)."""
     e = (run.extra or {}).get("energy") or {}
     joules = e.get("joules")
-    tokens = sum(r.output_tokens for r in run.counted if r.ok)
-    if joules is None or tokens <= 0:
+    if joules is None:
+        return None
+    tokens = sum(r.output_tokens for r in run.records if r.counted)
+    if tokens <= 0:
         return None
     return float(joules), tokens
 

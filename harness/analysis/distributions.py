@@ -10,19 +10,22 @@ from typing import Any
 import numpy as np
 
 from harness.analysis.pooled import point_key
+from harness.core.columns import RecordColumns
 from harness.core.results import Run, group_runs
 
 LEVELS = tuple(i / 100 for i in range(101))  # 0 (min), 0.01, ..., 1 (max)
 METRICS = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
 
 
-def _values(runs: Sequence[Run]) -> dict[str, list[float]]:
-    recs = [r for run in runs for r in run.counted]
+def _values(runs: Sequence[Run]) -> dict[str, np.ndarray]:
+    cols = RecordColumns.join(run.records for run in runs)
+    counted = cols.counted()
+    ttft, tpot = cols.ttft()[counted], cols.tpot()[counted]
     return {
-        "ttft_s": [r.ttft for r in recs if r.ttft is not None],
-        "tpot_s": [r.tpot for r in recs if r.tpot is not None],
-        "itl_s": [gap for r in recs for gap in r.itl],  # per chunk, as vLLM's ITL
-        "e2e_s": [r.e2e for r in recs],
+        "ttft_s": ttft[~np.isnan(ttft)],
+        "tpot_s": tpot[~np.isnan(tpot)],
+        "itl_s": cols.itl(counted),  # per chunk, as vLLM's ITL
+        "e2e_s": cols.e2e()[counted],
     }
 
 
@@ -38,11 +41,9 @@ def distributions(runs: Sequence[Run]) -> dict[str, Any]:
             "n": {},
         }
         for metric, xs in _values(rs).items():
-            entry["n"][metric] = len(xs)
+            entry["n"][metric] = int(xs.size)
             entry[metric] = (
-                [float(f"{q:.6g}") for q in np.quantile(np.asarray(xs, dtype=float), LEVELS)]
-                if xs
-                else None
+                [float(f"{q:.6g}") for q in np.quantile(xs, LEVELS)] if xs.size else None
             )
         series.append(entry)
     return {"levels": list(LEVELS), "metrics": list(METRICS), "series": series}

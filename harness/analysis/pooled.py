@@ -7,10 +7,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from harness.analysis.comparisons.stats import instability, median
 from harness.analysis.sanity import sanity
 from harness.analysis.schedule import schedule_latencies
 from harness.analysis.summary import PERCENTILES, summarize
+from harness.core.columns import RecordColumns, seq_sum
 from harness.core.results import Run
 
 UNSTABLE = 0.10  # pyperf warns when repeats spread over 10% (stdev / median)
@@ -37,9 +40,10 @@ def spec_totals(runs: Sequence[Run]) -> dict[str, Any] | None:
     n = max(len(m.get("accepted_per_pos") or []) for m in ms)
     pos = [sum(_at(m.get("accepted_per_pos") or [], i) for m in ms) for i in range(n)]
     # the counters' window: every request of the run after the warm-ups (failed ones too)
-    window = [r for run in runs if run.spec_metrics for r in run.records if not r.warmup]
-    out_tokens = sum(r.output_tokens for r in window)
-    chunks = sum(len(r.chunk_tokens) for r in window)
+    window = RecordColumns.join(run.records for run in runs if run.spec_metrics)
+    measured = ~window.warmup()
+    out_tokens = int(window.output_tokens()[measured].sum())
+    chunks = int(window.n_chunks()[measured].sum())
     counted = [m.get("target_passes") for m in ms]
     if all(p is not None for p in counted):
         passes, source = sum(counted), "counted by the engine"
@@ -71,13 +75,15 @@ def _at(xs: Sequence[int], i: int) -> int:
 def decode_time(runs: Sequence[Run]) -> dict[str, float] | None:
     """Time after the first token and tokens after the first, summed over counted requests:
     the basis of the time per target pass that the theory's cost ratio c comes from."""
-    recs = [r for run in runs for r in run.counted if r.ttft is not None]
-    if not recs:
+    cols = RecordColumns.join(run.records for run in runs)
+    ttft = cols.ttft()
+    has = cols.counted() & ~np.isnan(ttft)
+    if not has.any():
         return None
     return {
-        "requests": float(len(recs)),
-        "seconds": float(sum(r.e2e - r.ttft for r in recs)),  # type: ignore[operator]
-        "tokens": float(sum(r.output_tokens - 1 for r in recs)),
+        "requests": float(has.sum()),
+        "seconds": seq_sum(cols.e2e()[has] - ttft[has]),
+        "tokens": float((cols.output_tokens()[has] - 1).sum()),
     }
 
 
@@ -90,7 +96,7 @@ def pooled(
     """The row of one configuration at one point: ``summary`` (repeats pooled; ``per_run``: each
     run's own summary, for the medians over repeats), ``spec``, ``sanity``, the repeats used."""
     c = runs[0].cell
-    records = [r for run in runs for r in run.records]
+    records = RecordColumns.join(run.records for run in runs)
     s = summarize(records, goodput, percentiles) | schedule_latencies(records, percentiles)
     per_rep = [x for x in (p.get("output_tok_s") for p in per_run) if x is not None]
     s["output_tok_s_runs"] = per_rep

@@ -50,18 +50,25 @@ def degenerate(record: RequestRecord) -> str | None:
 def sanity(records: Sequence[RequestRecord]) -> dict[str, Any]:
     """Share of counted outputs that are degenerate, by kind; how many carry token ids, and
     where their token counts came from."""
-    counted = [r for r in records if r.counted]
-    kinds = [degenerate(r) for r in counted]
-    out: dict[str, Any] = {"outputs": len(counted)}
-    for kind in ("whitespace", "repetition"):
-        out[kind] = kinds.count(kind) / len(counted) if counted else None
-    out["with_token_ids"] = sum(r.output_token_ids is not None for r in counted)
-    if counted and not out["with_token_ids"]:
+    n, with_ids = 0, 0
+    kinds = {"whitespace": 0, "repetition": 0}
+    sources: set[str] = set()  # where the output token counts came from (HTTP engines)
+    for r in records:  # one at a time: the records may be columns of a million (issue 38)
+        if not r.counted:
+            continue
+        n += 1
+        if (kind := degenerate(r)) is not None:
+            kinds[kind] += 1
+        with_ids += r.output_token_ids is not None
+        if x := r.info.get("output_tokens_from"):
+            sources.add(str(x))
+    out: dict[str, Any] = {"outputs": n}
+    for kind, k in kinds.items():
+        out[kind] = k / n if n else None
+    out["with_token_ids"] = with_ids
+    if n and not with_ids:
         out["repetition"] = None  # loops are found in token ids: none were streamed
-    # where the output token counts came from (HTTP engines: server usage, token ids, ...)
-    out["tokens_from"] = sorted(
-        {str(x) for r in counted if (x := r.info.get("output_tokens_from"))}
-    )
+    out["tokens_from"] = sorted(sources)
     return out
 
 

@@ -16,8 +16,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from harness.analysis.summary import PERCENTILES, distribution
-from harness.core.records import NOT_SENT, RequestRecord
+from harness.core.columns import RecordColumns
+from harness.core.records import RequestRecord
 
 SHARE = 0.05  # of the from-send p99: a smaller gap is the schedule's own jitter
 FLOOR_S = 0.010  # ... and never less than this
@@ -38,16 +41,18 @@ def schedule_latencies(
     ``--duration`` run's end that the client never sent: :data:`NOT_SENT`), and ``behind``
     (the metric whose two clocks differ most beyond :func:`threshold`, and ``not_sent``; None
     when neither). All None without a schedule."""
-    due = [r for r in records if not r.warmup and r.t_scheduled is not None]
-    if not due:
+    cols = RecordColumns.of(records)
+    sched = cols.t_scheduled()
+    due = ~cols.warmup() & ~np.isnan(sched)
+    if not due.any():
         return dict.fromkeys(KEYS)
-    not_sent = sum(r.error == NOT_SENT for r in due)
-    ok = [r for r in due if r.ok]
+    not_sent = int((due & cols.not_sent()).sum())
+    ok = due & cols.ok()
     out: dict[str, Any] = dict.fromkeys(KEYS)
     out["not_sent"] = not_sent
     worst: dict[str, Any] | None = None
-    if ok:
-        worst = _from_send_gap(ok, out, percentiles)
+    if ok.any():
+        worst = _from_send_gap(cols, ok, sched, out, percentiles)
     if not_sent and worst is None:
         worst = {"metric": None, "client_queue_p99_s": (out["client_queue_s"] or {}).get("p99"),
                  "client_queue_max_s": (out["client_queue_s"] or {}).get("max")}  # fmt: skip
@@ -56,17 +61,19 @@ def schedule_latencies(
 
 
 def _from_send_gap(
-    ok: Sequence[RequestRecord], out: dict[str, Any], percentiles: Sequence[float]
-) -> dict[str, Any] | None:
-    """Fills ``out``'s distributions over ``ok``; returns the metric whose from-schedule p99 is
-    above its from-send p99 by the most beyond :func:`threshold` (None: none is)."""
-    queue = [r.client_queue for r in ok]
-    out["client_queue_s"] = {**distribution(queue, percentiles), "max": max(queue)}  # type: ignore[type-var]
-    out["ttft_from_schedule_s"] = distribution((r.ttft_from_schedule for r in ok), percentiles)
-    out["e2e_from_schedule_s"] = distribution((r.e2e_from_schedule for r in ok), percentiles)
+    cols: RecordColumns, ok: np.ndarray, sched: np.ndarray, out: dict[str, Any],
+    percentiles: Sequence[float],
+) -> dict[str, Any] | None:  # fmt: skip
+    """Fills ``out``'s distributions over the records in ``ok``; returns the metric whose
+    from-schedule p99 is above its from-send p99 by the most beyond :func:`threshold` (None:
+    none is)."""
+    queue = (cols.t_send() - sched)[ok]
+    out["client_queue_s"] = {**distribution(queue, percentiles), "max": float(queue.max())}
+    out["ttft_from_schedule_s"] = distribution((cols.first_chunk_t() - sched)[ok], percentiles)
+    out["e2e_from_schedule_s"] = distribution((cols.t_end() - sched)[ok], percentiles)
     send = {
-        "ttft": distribution((r.ttft for r in ok), percentiles),
-        "e2e": distribution((r.e2e for r in ok), percentiles),
+        "ttft": distribution(cols.ttft()[ok], percentiles),
+        "e2e": distribution(cols.e2e()[ok], percentiles),
     }
     worst = None
     for m in ("ttft", "e2e"):

@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.core.records import NOT_SENT, RequestRecord
+from harness.core.columns import RecordColumns, seq_sum
+from harness.core.records import RequestRecord
 
 PERCENTILES = (50, 90, 99)
 
@@ -21,12 +22,17 @@ def pkey(p: float) -> str:
 
 
 def distribution(
-    values: Iterable[float | None], percentiles: Sequence[float] = PERCENTILES
+    values: Iterable[float | None] | np.ndarray, percentiles: Sequence[float] = PERCENTILES
 ) -> dict[str, float | None]:
     """mean, median, p90, p99 (and any other ``percentiles``: ``--metric-percentiles``), stdev
-    of the non-missing values (None when there are none)."""
+    of the non-missing values (None when there are none; NaN in an array is missing)."""
     ps = list(dict.fromkeys([*PERCENTILES, *percentiles]))
-    xs = np.array([v for v in values if v is not None], dtype=float)
+    if isinstance(values, np.ndarray):  # copied only where a value is missing
+        xs = np.asarray(values, dtype=float)
+        missing = np.isnan(xs)
+        xs = xs[~missing] if missing.any() else xs
+    else:
+        xs = np.array([v for v in values if v is not None], dtype=float)
     if xs.size == 0:
         return {"n": 0, "mean": None, "median": None, **{pkey(p): None for p in ps}, "stdev": None}
     qs = np.percentile(xs, ps)
@@ -40,13 +46,18 @@ def distribution(
 
 
 def peak_in_flight(records: Sequence[RequestRecord]) -> int:
-    """The most requests that were in flight at once, from send and end times."""
-    events = sorted([(r.t_send, 1) for r in records] + [(r.t_end, -1) for r in records])
-    peak = cur = 0
-    for _, step in events:
-        cur += step
-        peak = max(peak, cur)
-    return peak
+    """The most requests that were in flight at once, from send and end times (an end before
+    a send at the same instant)."""
+    cols = RecordColumns.of(records)
+    return _peak(cols.t_send(), cols.t_end())
+
+
+def _peak(sends: np.ndarray, ends: np.ndarray) -> int:
+    """In flight just after each send (sorted): the sends so far less the ends by then (an end
+    at the send's instant first); the count rises only at a send, so its peak is the peak."""
+    sends, ends = np.sort(sends), np.sort(ends)
+    after = np.arange(1, sends.size + 1) - np.searchsorted(ends, sends, side="right")
+    return int(max(0, after.max(initial=0)))
 
 
 def summarize(
@@ -54,52 +65,58 @@ def summarize(
     goodput: Mapping[str, float] | None = None,
     percentiles: Sequence[float] = PERCENTILES,
 ) -> dict[str, Any]:
-    """The per-run summary: counts, throughput and latency distributions (warm-ups excluded)."""
-    counted = [r for r in records if not r.warmup]
-    ok = [r for r in counted if r.ok]
-    failed = [r for r in counted if not r.ok]
+    """The per-run summary: counts, throughput and latency distributions (warm-ups excluded),
+    from the records' columns (:class:`RecordColumns`: a million requests in arrays)."""
+    cols = RecordColumns.of(records)
+    counted = ~cols.warmup()
+    ok = counted & cols.ok()
+    failed = counted & ~ok
+    errors = cols.errors()
     out: dict[str, Any] = {
-        "completed": len(ok),
-        "failed": len(failed),
-        "errors": _error_counts(failed),
+        "completed": int(ok.sum()),
+        "failed": int(failed.sum()),
+        "errors": _error_counts(errors.get(int(i)) for i in np.flatnonzero(failed)),
     }
-    if not ok:
+    if not ok.any():
         return out
-    start = min(r.t_send for r in counted)
-    end = max(r.t_end for r in counted)
+    t_send, t_end = cols.t_send(), cols.t_end()
+    start = float(t_send[counted].min())
+    end = float(t_end[counted].max())
     duration = end - start
-    out_tokens = sum(r.output_tokens for r in ok)
-    in_tokens = sum(r.prompt_tokens or 0 for r in ok)
-    sends = sorted(r.t_send for r in counted if r.error != NOT_SENT)  # what the client sent
-    span = sends[-1] - sends[0]
+    n_out = cols.output_tokens()
+    out_tokens = int(n_out[ok].sum())
+    in_tokens = int(np.maximum(cols.prompt_tokens()[ok], 0).sum())
+    sends = t_send[counted & ~cols.not_sent()]  # what the client sent
+    span = float(sends.max() - sends.min())
+    n_ok = int(ok.sum())
     out.update(
         duration_s=duration,
         output_tokens=out_tokens,
-        request_throughput=len(ok) / duration if duration > 0 else None,
+        request_throughput=n_ok / duration if duration > 0 else None,
         output_tok_s=out_tokens / duration if duration > 0 else None,
         total_tok_s=(out_tokens + in_tokens) / duration if duration > 0 else None,
-        achieved_rate=(len(sends) - 1) / span if span > 0 else None,
-        peak_in_flight=peak_in_flight(counted),
-        mean_in_flight=sum(r.t_end - r.t_send for r in counted) / duration
+        achieved_rate=(sends.size - 1) / span if span > 0 else None,
+        peak_in_flight=_peak(t_send[counted], t_end[counted]),
+        mean_in_flight=seq_sum(t_end[counted] - t_send[counted]) / duration
         if duration > 0
         else None,
-        ttft_s=distribution((r.ttft for r in ok), percentiles),
-        tpot_s=distribution((r.tpot for r in ok), percentiles),
-        itl_s=distribution((x for r in ok for x in r.itl), percentiles),
-        itl_per_token_s=distribution((x for r in ok for x in r.itl_per_token), percentiles),
-        e2e_s=distribution((r.e2e for r in ok), percentiles),
-        mean_chunk_tokens=out_tokens / max(1, sum(len(r.chunk_tokens) for r in ok)),
+        ttft_s=distribution(cols.ttft()[ok], percentiles),
+        tpot_s=distribution(cols.tpot()[ok], percentiles),
+        itl_s=distribution(cols.itl(ok), percentiles),
+        itl_per_token_s=distribution(cols.itl_per_token(ok), percentiles),
+        e2e_s=distribution(cols.e2e()[ok], percentiles),
+        mean_chunk_tokens=out_tokens / max(1, int(cols.n_chunks()[ok].sum())),
     )
     if goodput:
-        good = [r for r in ok if _meets(r, goodput)]
-        out["goodput"] = len(good) / duration if duration > 0 else None
+        good = ok & meets(cols, goodput)
+        out["goodput"] = int(good.sum()) / duration if duration > 0 else None
     return out
 
 
-def _error_counts(failed: Sequence[RequestRecord]) -> dict[str, int]:
+def _error_counts(errors: Iterable[str | None]) -> dict[str, int]:
     counts: dict[str, int] = {}
-    for r in failed:
-        kind = (r.error or "error").split(":")[0].strip()
+    for error in errors:
+        kind = (error or "error").split(":")[0].strip()
         counts[kind] = counts.get(kind, 0) + 1
     return counts
 
@@ -120,9 +137,19 @@ FROM_SEND: dict[str, Callable[[RequestRecord], float | None]] = {
 }
 
 
-def _meets(r: RequestRecord, slo_ms: Mapping[str, float]) -> bool:
+# the same rule over columns (NaN: None)
+_COLUMNS: dict[str, Callable[[RecordColumns], np.ndarray]] = {
+    "ttft": RecordColumns.user_ttft,
+    "tpot": RecordColumns.tpot,
+    "e2e": RecordColumns.user_e2e,
+}
+
+
+def meets(cols: RecordColumns, slo_ms: Mapping[str, float]) -> np.ndarray:
+    """Per record: every bound of ``slo_ms`` met (:data:`GOODPUT_METRICS`; a missing value
+    meets its bound)."""
+    good = np.ones(len(cols), dtype=bool)
     for name, ms in slo_ms.items():
-        v = GOODPUT_METRICS[name](r)
-        if v is not None and v * 1000.0 > ms:
-            return False
-    return True
+        v = _COLUMNS[name](cols)
+        good &= ~(v * 1000.0 > ms)  # NaN compares False: met
+    return good

@@ -50,16 +50,18 @@ def workload_analysis(plan: RunPlan, workload: Any, runs: list[Run]) -> dict[str
     from harness.analysis.workload.turns import turn_tables
 
     params = getattr(workload, "params", None) or {}
-    asked = {
-        r.id: (len(r.prompt_token_ids or ()), r.max_new_tokens or 0) for r in workload.requests
-    }
     shared = params.get("shared_prefix_by_request") or {}
     return {
-        "replay": replay_tables(runs, plan.trace_schedule, asked, shared)
+        "replay": replay_tables(runs, plan.trace_schedule, _asked(workload), shared)
         if plan.trace_schedule
         else [],
         "turns": turn_tables(runs, min_effect=plan.min_effect) if plan.conversations else [],
     }
+
+
+def _asked(workload: Any) -> dict[str, tuple[int, int]]:
+    """Each request's prompt and output length, by id (a trace's)."""
+    return {r.id: (len(r.prompt_token_ids or ()), r.max_new_tokens or 0) for r in workload.requests}
 
 
 def finalize(

@@ -25,6 +25,7 @@ from harness.cli.preflight import (
     validate_configs,
     variant_servers,
 )
+from harness.core.columns import RecordColumns
 from harness.core.records_file import RECORDS_FILE
 from harness.core.results import Run
 from harness.flags.options import UsageError
@@ -228,17 +229,20 @@ def run_failure(runs: list[Run]) -> str | None:
         if not r.status.startswith("unsupported"):
             sides.setdefault(f"{r.cell.engine} [{r.cell.label}]", []).append(r)
     for side, tried in sides.items():
-        records = [rec for r in tried for rec in r.records if not rec.warmup]
-        if any(rec.ok for rec in records):
+        records = RecordColumns.join(r.records for r in tried)  # columns: no copy per record
+        measured = ~records.warmup()
+        if (records.ok() & measured).any():
             continue
-        if not records and not any(r.status.startswith("failed") for r in tried):
+        n = int(measured.sum())
+        if not n and not any(r.status.startswith("failed") for r in tried):
             continue  # stopped or interrupted before it sent anything: it did not run
-        first = next((rec.error for rec in records if rec.error), None)
-        if first is None and not records:
+        errors = records.errors()
+        first = next((errors[i] for i in sorted(errors) if measured[i]), None)
+        if first is None and not n:
             first = next(
                 (r.status.removeprefix("failed: ") for r in tried if r.status.startswith("failed")),
                 None,
             )
         e_g = f", e.g. {first}" if first else ""
-        return f"{side}: no request succeeded ({len(records)} failed{e_g})"
+        return f"{side}: no request succeeded ({n} failed{e_g})"
     return None

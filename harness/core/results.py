@@ -103,7 +103,8 @@ def with_config(run: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, 
 class Run:
     cell: Cell
     spec_config: Mapping[str, Any] | None
-    records: tuple[RequestRecord, ...]
+    # a tuple, or (a session's runs) columns: harness.core.columns.RecordColumns
+    records: Sequence[RequestRecord]
     t0: float = 0.0
     spec_metrics: Mapping[str, Any] | None = None
     engine_info: Mapping[str, Any] = field(default_factory=dict)

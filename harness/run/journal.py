@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from harness.core.columns import RecordColumns
 from harness.core.design import Slot
 from harness.core.records import RequestRecord
 from harness.core.results import Run, with_config
@@ -117,7 +118,7 @@ def runs_from_journal(path: Path) -> tuple[list[Run], set[str]]:
     before cells named their model and temperature gets them from its config line, so its
     finished runs still count as done."""
     heads: dict[str, dict[str, Any]] = {}
-    recs: dict[str, list[RequestRecord]] = {}
+    recs: dict[str, RecordColumns] = {}
     ends: dict[str, dict[str, Any]] = {}
     config: dict[str, Any] = {}
     alias: dict[str, str] = {}  # the key as written -> the cell's key (the same since schema 3)
@@ -130,7 +131,7 @@ def runs_from_journal(path: Path) -> tuple[list[Run], set[str]]:
             head = with_config(e["run"], config)
             key = alias[e.get("key")] = head["key"]
             heads[key] = head
-            recs[key] = []
+            recs[key] = RecordColumns()
         elif e["kind"] == "record" and key in recs:
             recs[key].append(RequestRecord.from_json(e["record"]))
         elif e["kind"] == "end" and key in heads:
@@ -142,15 +143,15 @@ def runs_from_journal(path: Path) -> tuple[list[Run], set[str]]:
 
         gone = [k for k, rs in recs.items() if not rs]
         for k, rows in read_records(path.parent / stored, gone).items():
-            recs[k] = [RequestRecord.from_json(r) for r in rows]
+            recs[k] = RecordColumns(RequestRecord.from_json(r) for r in rows)
     runs = []
-    for key, head in heads.items():
+    for key, head in heads.items():  # each run's records as columns (harness.core.columns)
         run = Run.from_json({**head, "records": []})
         end = ends.get(key, {})
         runs.append(
             replace(
                 run,
-                records=tuple(recs[key]),
+                records=recs.pop(key),
                 status=end.get("status", "interrupted"),
                 spec_metrics=end.get("spec_metrics"),
                 extra=end.get("extra") or {},

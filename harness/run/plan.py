@@ -21,6 +21,7 @@ from harness.core.load import Concurrent, LoadStrategy, Poisson, Synchronous
 from harness.core.replay import TraceReplay
 from harness.core.results import Cell
 from workloads import Cycled
+from workloads.packed import Mapped
 
 # A closed-loop point sends at least this many times its concurrency (cycling the prompts): one
 # full batch. More waves measure more of the steady state but cost the main job minutes it does
@@ -246,7 +247,7 @@ class RunPlan:
                 for n in self.max_new_tokens:
                     yield Point(mode, strategy, n)
 
-    def resolve_lengths(self, point: Point, requests: Sequence[Request]) -> list[Request]:
+    def resolve_lengths(self, point: Point, requests: Sequence[Request]) -> Sequence[Request]:
         """Every request with the one length it is generated to (``Request.max_new_tokens``, the
         only length an engine reads: ``engines.base.new_tokens``), decided here and nowhere
         else. The point's length is ``--max-new-tokens`` when given, else the dataset's output
@@ -254,9 +255,14 @@ class RunPlan:
         (``harness.flags.plan.DEFAULT_MAX_NEW_TOKENS``). Without --max-new-tokens
         (``lengths_from_workload``) a request's own length (a request file's ``max_new_tokens``,
         a synthetic request's sampled output length) wins over the point's; with it, the flag
-        wins over every request's own."""
+        wins over every request's own. A view, each request resolved as it is read (a million
+        requests: no copy)."""
         own, n = self.lengths_from_workload, point.max_new_tokens
-        return [r if own and r.max_new_tokens else replace(r, max_new_tokens=n) for r in requests]
+
+        def resolved(r: Request) -> Request:
+            return r if own and r.max_new_tokens else replace(r, max_new_tokens=n)
+
+        return Mapped(requests, resolved)
 
     def point_requests(self, point: Point, requests: Sequence[Request]) -> Sequence[Request]:
         """The requests one point sends, each with its length (:meth:`resolve_lengths`): the

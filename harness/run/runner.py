@@ -125,6 +125,8 @@ class Runner:
     # True once the stop's grace is over: requests still in flight are cancelled and recorded
     cancel_now: Callable[[], bool] = lambda: False
     clients: Clients | None = None  # set: other processes send the requests (HTTP engines)
+    # False: a run returns no records (on_record has each; a million held twice: issue 38)
+    keep: bool = True
 
     async def run(
         self,
@@ -208,6 +210,7 @@ class Runner:
         slots = asyncio.Semaphore(strategy.max_concurrency) if strategy.max_concurrency else None
         t0 = self.clock() if t0 is None else t0
         due_at = open_loop(strategy)  # the offsets are due instants: records keep them
+        keep = self.keep
         # only the requests in flight are held (a finished one's task is dropped as it ends:
         # ~600 bytes a request, a million in a soak run: issue 38); records in send order
         tasks: dict[asyncio.Task[RequestRecord], tuple[int, Request, float, float | None]] = {}
@@ -215,7 +218,9 @@ class Runner:
 
         def finished(t: asyncio.Task[RequestRecord]) -> None:
             if t in tasks and not t.cancelled() and t.exception() is None:
-                records[tasks.pop(t)[0]] = t.result()  # the rest: handled below, as they were
+                i = tasks.pop(t)[0]  # the rest: handled below, as they were
+                if keep:
+                    records[i] = t.result()
 
         async def go(
             req: Request, t_send: float, rate: float | None, due: float | None
@@ -251,8 +256,9 @@ class Runner:
                 rate = None if rates is None else rates[i]
                 due = t0 + offset if due_at else None
                 task = asyncio.ensure_future(go(req, t_send, rate, due))
-                tasks[task] = (len(records), req, t_send, due)
-                records.append(None)
+                tasks[task] = (i, req, t_send, due)
+                if keep:
+                    records.append(None)
                 task.add_done_callback(finished)
             await settle(list(tasks))
         except BaseException:
@@ -265,11 +271,16 @@ class Runner:
             for t, (i, req, t_send, due) in list(tasks.items()):
                 if t.cancelled():  # cancelled before it ran: its record is made here
                     del tasks[t]
-                    records[i] = self._emit(
-                        _Timing(req, t_send, warmup, due).finish(self.clock(), CANCELLED)
-                    )
+                    made = _Timing(req, t_send, warmup, due).finish(self.clock(), CANCELLED)
+                    self._emit(made)
+                    if keep:
+                        records[i] = made
         for t, (i, *_) in list(tasks.items()):  # done, its callback not yet run, or raised
-            records[i] = t.result()
+            made = t.result()
+            if keep:
+                records[i] = made
+        if not keep:
+            return []
         return records + unsent  # type: ignore[operator]  # every slot filled above
 
     def _not_sent(

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engines.base import Engine, EngineConfig, EngineError, GenParams, Request, UnsupportedError
+from harness.core.columns import RecordColumns
 from harness.core.design import (
     INTERLEAVED,
     ONE,
@@ -219,7 +220,7 @@ class Session:
         assert engine is not None
         plan = self.plan  # no length in params: each request carries its own (resolve_lengths)
         params = GenParams(temperature=plan.temperature, ignore_eos=plan.ignore_eos, seed=plan.seed)
-        records: list[RequestRecord] = []
+        records = RecordColumns()  # columns, not an object per request (issue 38)
         counts = RunCounters()  # the hot path's questions, constant time per record
         t0 = self.clock()
         if self.journal:
@@ -246,6 +247,7 @@ class Session:
             should_stop=lambda: bool(self.stop) or monitor.should_stop(),
             cancel_now=lambda: self.stop.expired,
             clients=lane.clients,
+            keep=False,  # records are kept above, as columns
         )
         status, spec_metrics, extra = "ok", None, {}
         try:
@@ -276,9 +278,7 @@ class Session:
             status = f"stopped: {self.stop.reason}"
         status, extra = monitor.outcome(status, extra)  # "saturated: ..." when it was
         slot = replace(slot, t_end_s=self.elapsed())
-        run = Run(
-            cell, config.spec_config, tuple(records), t0, spec_metrics, info, status, extra, slot
-        )
+        run = Run(cell, config.spec_config, records, t0, spec_metrics, info, status, extra, slot)
         self._finish(run, status)
         return run
 
