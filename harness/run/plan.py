@@ -48,6 +48,19 @@ GRACE_S = 5.0  # after a stop, in-flight requests get this long before they are 
 
 
 @dataclass(frozen=True)
+class LengthRule:
+    """One request's generated length (:meth:`RunPlan.resolve_lengths`): its own when the
+    workload decides lengths and it has one, else the point's. A class, not a closure: client
+    worker processes receive it pickled."""
+
+    own: bool
+    n: int
+
+    def __call__(self, r: Request) -> Request:
+        return r if self.own and r.max_new_tokens else replace(r, max_new_tokens=self.n)
+
+
+@dataclass(frozen=True)
 class RunPlan:
     engines: tuple[str, ...]
     model: str
@@ -257,12 +270,7 @@ class RunPlan:
         a synthetic request's sampled output length) wins over the point's; with it, the flag
         wins over every request's own. A view, each request resolved as it is read (a million
         requests: no copy)."""
-        own, n = self.lengths_from_workload, point.max_new_tokens
-
-        def resolved(r: Request) -> Request:
-            return r if own and r.max_new_tokens else replace(r, max_new_tokens=n)
-
-        return Mapped(requests, resolved)
+        return Mapped(requests, LengthRule(self.lengths_from_workload, point.max_new_tokens))
 
     def point_requests(self, point: Point, requests: Sequence[Request]) -> Sequence[Request]:
         """The requests one point sends, each with its length (:meth:`resolve_lengths`): the
