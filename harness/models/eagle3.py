@@ -282,7 +282,7 @@ def train(
             if len(lab):
                 loss = loss + w * nn.functional.cross_entropy(logits, lab)
         optimizer_step(opt, loss, params)
-        recent = (recent + [float(loss)])[-100:]
+        recent = (recent + [float(loss.detach())])[-100:]
         step += 1
         if checkpoint is not None and (step % every == 0 or step == total):
             state = {
