@@ -1,12 +1,11 @@
-"""The self-distillation data of SmolLM2's speculators (``harness.models.train``): training
-prompts (never the held-out ones the default workload uses), the target's greedy outputs with its
-hidden states [2], [15], [27] at every position, teacher-forced labels and the reduced vocabulary
-of the EAGLE-3 head."""
+"""Pieces of SmolLM2's speculator data shared by the build and the offline evaluation: the
+target loaded as the evaluation runs it, the held-out prompt ids, a batched greedy loop that keeps
+the hidden states [2], [15], [27] at every position (``harness.models.evaluate``), and the
+reduced vocabulary of the EAGLE-3 head. The training set itself is ``harness.models.distill``'s."""
 
 from __future__ import annotations
 
 import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -18,9 +17,6 @@ from harness.models.optim import torch_threads as _torch
 WORK = sm.CACHE_DIR.parent / "train"
 DATA = Path(__file__).resolve().parents[2] / "workloads" / "data"
 DRAFT_VOCAB = 8192
-GEN_TOKENS = 96
-TRAIN_PROMPTS = 256
-MAX_PROMPT = 192  # prompt tokens: prefill is most of the cost of each sequence
 
 
 def load_target(target: Path) -> Any:
@@ -59,31 +55,6 @@ def all_prompts() -> list[dict[str, Any]]:
         if r["category"] == "code_edit":
             rows.append({"id": r["id"], "category": r["category"], "prompt": r["prompt"]})
     return rows
-
-
-def pick_prompts(tok: Any, n: int, seed: int) -> list[dict[str, Any]]:
-    """Up to ``n`` training prompts of at most MAX_PROMPT tokens (chat template applied), an
-    even share per category, seeded; never a held-out one."""
-    held = held_out()
-    by_cat: dict[str, list[dict[str, Any]]] = {}
-    for r in all_prompts():
-        if r["id"] in held:
-            continue
-        text = tok.apply_chat_template(
-            [{"role": "user", "content": r["prompt"]}], add_generation_prompt=True, tokenize=False
-        )
-        ids = tok(text, add_special_tokens=False)["input_ids"]
-        if len(ids) <= MAX_PROMPT:
-            by_cat.setdefault(r["category"], []).append({**r, "prompt_ids": list(ids)})
-    rng = random.Random(seed)
-    for rows in by_cat.values():
-        rng.shuffle(rows)
-    out: list[dict[str, Any]] = []
-    while len(out) < n and any(by_cat.values()):
-        for cat in sorted(by_cat):
-            if by_cat[cat] and len(out) < n:
-                out.append(by_cat[cat].pop())
-    return out
 
 
 def generate(
@@ -175,33 +146,6 @@ def generate(
     return out
 
 
-def add_labels(model: Any, data: list[dict[str, Any]], progress: bool = True) -> float:
-    """``labels[t]``: the target's greedy next token after position t, teacher-forced, for the
-    prompt positions too (more training positions for the price of the last 3 layers: they run
-    on the stored residual stream after layer 27, hidden_states[27]). Returns the share of
-    output positions where it equals the generated token (~1; fp16 features)."""
-    torch = _torch()
-    h = model.config.hidden_size
-    layers = list(model.model.layers)
-    model.model.layers = torch.nn.ModuleList(layers[max(sm.EAGLE3_LAYERS) :])
-    same = n = 0
-    try:
-        with torch.no_grad():
-            for i, d in enumerate(data):
-                x = d["feat"][:, 2 * h :].float()[None]
-                pos = torch.arange(x.shape[1])[None]
-                out = model.model(inputs_embeds=x, position_ids=pos).last_hidden_state[0]
-                d["labels"] = model.lm_head(out).argmax(-1)
-                p = d["prompt_len"]
-                same += int((d["labels"][p - 1 :] == d["ids"][p:]).sum())
-                n += len(d["ids"]) - p
-                if progress and i % 16 == 0:
-                    print(f"labels {i}/{len(data)}", file=sys.stderr)
-    finally:
-        model.model.layers = torch.nn.ModuleList(layers)
-    return same / max(1, n)
-
-
 def draft_vocab(
     seqs: list[dict[str, Any]], size: int = DRAFT_VOCAB, vocab_size: int = 49152
 ) -> Any:
@@ -215,21 +159,3 @@ def draft_vocab(
             counts += torch.bincount(ids, minlength=vocab_size)
     order = sorted(range(vocab_size), key=lambda i: (-int(counts[i]), i))[:size]
     return torch.tensor(sorted(order), dtype=torch.long)
-
-
-def load_data(
-    target: Path, seed: int, progress: bool, data_seconds: float = float("inf")
-) -> tuple[Any, list[dict[str, Any]], float]:
-    """(target model, sequences with features, seconds spent generating); batches are cached
-    in WORK/parts-*/ and generation stops after ``data_seconds`` (a build on a busy machine
-    trains on what it has; the count is recorded)."""
-    from transformers import AutoTokenizer
-
-    model = load_target(target)
-    t0 = time.perf_counter()
-    prompts = pick_prompts(AutoTokenizer.from_pretrained(target), TRAIN_PROMPTS, seed)
-    parts = WORK / f"parts-{seed}-{TRAIN_PROMPTS}-{MAX_PROMPT}-{GEN_TOKENS}"
-    data = generate(
-        model, prompts, GEN_TOKENS, progress=progress, parts=parts, deadline=t0 + data_seconds
-    )
-    return model, data, time.perf_counter() - t0

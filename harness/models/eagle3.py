@@ -229,9 +229,15 @@ def train(
     budget_s: float,
     steps: int | None = None,
     layers: tuple[int, ...] | None = None,
+    checkpoint: Path | None = None,
+    every: int = 200,
+    progress: bool = False,
 ) -> tuple[Eagle3Head, dict[str, Any]]:
     """Trains for ``budget_s`` CPU seconds (the step count sized from the first 20 steps) or,
-    given ``steps``, for exactly that many (reproducible on any machine)."""
+    given ``steps``, for exactly that many (reproducible on any machine). With ``checkpoint``,
+    the head, the optimizer and the step are saved there every ``every`` steps and a run that
+    finds the file resumes from it (each epoch's order is seeded by its number, so a resumed
+    run sees the sequences a whole one would)."""
     from harness.models.optim import lr_at, optimizer_step, split
 
     torch.manual_seed(seed)
@@ -247,32 +253,56 @@ def train(
     train_set, val = split(data, seed)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
-    rng = random.Random(seed)
     t0, step, est = time.process_time(), 0, steps
     total = steps or 10**9
-    order = list(range(len(train_set)))
+    spent = 0.0
+    if checkpoint is not None and checkpoint.is_file():
+        state = torch.load(checkpoint)
+        head.load_state_dict(state["head"])
+        opt.load_state_dict(state["opt"])
+        step, total, est, spent = state["step"], state["total"], state["est"], state["cpu_s"]
+        if progress:
+            print(f"eagle3: resumed at step {step} of {total}", flush=True)
+    n = len(train_set)
+    order: list[int] = []
+    recent: list[float] = []
     while step < total:
-        rng.shuffle(order)
-        for i in order:
-            if step == 20 and steps is None:
-                est = total = int(budget_s / ((time.process_time() - t0) / 20))
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step, est or 10**4, 1e-3)
-            loss = torch.zeros(())
-            for w, (logits, lab, _) in zip(
-                STEP_WEIGHTS, _unroll(head, train_set[i], vocab, TTT_STEPS)
-            ):
-                if len(lab):
-                    loss = loss + w * nn.functional.cross_entropy(logits, lab)
-            optimizer_step(opt, loss, params)
-            step += 1
-            if step >= total:
-                break
+        epoch, k = divmod(step, n)
+        if k == 0 or not order:
+            order = list(range(n))
+            random.Random(seed * 100_003 + epoch).shuffle(order)
+        if step == 20 and steps is None:
+            est = total = int(budget_s / ((time.process_time() - t0) / 20))
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, est or 10**4, 1e-3)
+        loss = torch.zeros(())
+        for w, (logits, lab, _) in zip(
+            STEP_WEIGHTS, _unroll(head, train_set[order[k]], vocab, TTT_STEPS)
+        ):
+            if len(lab):
+                loss = loss + w * nn.functional.cross_entropy(logits, lab)
+        optimizer_step(opt, loss, params)
+        recent = (recent + [float(loss.detach())])[-100:]
+        step += 1
+        if checkpoint is not None and (step % every == 0 or step == total):
+            state = {
+                "head": head.state_dict(),
+                "opt": opt.state_dict(),
+                "step": step,
+                "total": total,
+                "est": est,
+                "cpu_s": spent + time.process_time() - t0,
+            }
+            torch.save(state, checkpoint.with_suffix(".tmp"))
+            checkpoint.with_suffix(".tmp").replace(checkpoint)
+            if progress:
+                mean = sum(recent) / len(recent)
+                print(f"eagle3: step {step}/{total} loss {mean:.3f}", flush=True)
     head.eval()
     info = {
         "steps": step,
         "ttt_steps": TTT_STEPS,
-        "train_cpu_seconds": round(time.process_time() - t0),
+        "train_cpu_seconds": round(spent + time.process_time() - t0),
         "draft_vocab_size": len(vocab),
         "val_sequences": len(val),
         "top1_agreement_per_step": evaluate(head, val, vocab),

@@ -210,28 +210,23 @@ def main(argv: list[str]) -> int:
     b.add_argument(
         "--train",
         action="store_true",
-        help="smollm2: retrain the draft and the EAGLE-3 head from scratch (self-distillation "
-        "on the target's greedy outputs; about 35 CPU minutes on one core, see "
-        "trained/BUILD.json) instead of assembling the committed weights",
+        help="smollm2: retrain the EAGLE-3 head from scratch (self-distillation on the target's "
+        "greedy answers to harness/models/corpus.py's prompts; hours of CPU, resumable: see "
+        "trained/BUILD.json and docs/models.md) instead of assembling the committed weights",
     )
     b.add_argument(
-        "--train-seconds",
+        "--epochs",
         type=float,
-        default=600.0,
-        help="with --train: CPU seconds (one thread) of the EAGLE-3 head's training (default 600)",
+        default=1.0,
+        help="with --train: passes of the EAGLE-3 head over the training sequences (default 1)",
     )
+    b.add_argument("--threads", type=int, default=2, help="with --train: torch threads (default 2)")
     b.add_argument(
         "--draft-seconds",
         type=float,
-        default=420.0,
-        help="with --train: CPU seconds (one thread) of the draft model's training (default 420)",
-    )
-    b.add_argument(
-        "--data-seconds",
-        type=float,
-        default=float("inf"),
-        help="with --train: stop generating training data after this long (default: all "
-        "256 prompts; batches are cached in .cache/train/)",
+        default=None,
+        help="with --train: also retrain the draft model for this many CPU seconds (default: "
+        "keep the committed draft)",
     )
     b.add_argument("--out", type=Path, default=None, help="tiny: output directory")
     b.add_argument("--seed", type=int, default=0)
@@ -267,8 +262,8 @@ def main(argv: list[str]) -> int:
                 training.train_all(
                     seed=args.seed,
                     progress=not args.quiet,
-                    budget_s=args.train_seconds,
-                    data_seconds=args.data_seconds,
+                    epochs=args.epochs,
+                    threads=args.threads,
                     draft_s=args.draft_seconds,
                 )
             smollm.assemble(force=args.force or args.train)

@@ -1,26 +1,27 @@
 """Trains SmolLM2's speculators by self-distillation: the target's own greedy outputs are the
 labels (as in the EAGLE papers and in distilled drafts), so greedy acceptance is what improves.
 
-1. ``harness.models.data``: HF batched greedy generation of the target (KV cache, 32 prompts a batch)
-   over the shipped training prompts (Spec-Bench first turns and the grounded code edits, minus
-   the first 4 of each category, held out: the default workload draws there), keeping the fp16
-   concat of hidden states [2], [15], [27] at every position (what vLLM hands an EAGLE-3 head),
-   and the target's greedy next token at every position, prompt positions included.
-2. ``harness.models.eagle3.train``: the head in vLLM's layout with a 3-step training-time-test unroll,
-   so draft positions 2 and 3 see their own outputs as at inference.
-3. ``train_draft``: a 2-layer Llama made of the target's layers 0 and 1, final norm and tied
-   embedding (a layer-skip draft; the embedding stays the target's, not committed); only the
-   layers and the norm train.
-4. ``harness.models.evaluate``: each speculator's first-position top-1 agreement with the target on the
-   held-out default prompts, fed as vLLM feeds it.
+1. ``harness.models.corpus``: ~3,000 training prompts built here (open tasks from this
+   project's templates and topics, edits and summaries of CPython standard-library sources and
+   docstrings, arithmetic), never the prompts the harness evaluates on.
+2. ``harness.models.distill``: the target's greedy answers by in-process vLLM (batches of 256),
+   then one teacher-forced pass per sequence for the concat of hidden states [2], [15], [27] at
+   every position (what vLLM hands an EAGLE-3 head) and the target's greedy next token there.
+3. ``harness.models.eagle3.train``: the head in vLLM's layout with a 3-step training-time-test
+   unroll, so draft positions 2 and 3 see their own outputs as at inference; checkpointed.
+4. ``train_draft`` (optional, ``draft_s``): a 2-layer Llama made of the target's layers 0 and 1,
+   final norm and tied embedding (a layer-skip draft; the embedding stays the target's, not
+   committed); only the layers and the norm train.
+5. ``harness.models.evaluate``: each speculator's first-position top-1 agreement with the target
+   on the held-out default prompts, fed as vLLM feeds it.
 
-Everything is seeded; torch uses one thread (``harness.models.optim``) and the training budgets
-are CPU seconds, so a build costs the same compute on a busy machine (it only takes longer).
+Everything is seeded and every stage resumes from what it wrote under ``.cache/train/``.
 Writes ``trained/`` (fp16 weights, configs, BUILD.json).
 """
 
 from __future__ import annotations
 
+import json
 import random
 import tempfile
 import time
@@ -28,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.models import smollm as sm
-from harness.models.data import GEN_TOKENS, MAX_PROMPT, add_labels, draft_vocab, load_data
-from harness.models.optim import THREADS, lr_at, optimizer_step, split
+from harness.models.data import draft_vocab, load_target
+from harness.models.optim import lr_at, optimizer_step, split
 from harness.models.optim import torch_threads as _torch
 
 DRAFT_LAYERS = sm.DRAFT_LAYERS
@@ -64,7 +65,7 @@ def make_draft(target_model: Any) -> Any:
 
 
 def _draft_loss(draft: Any, s: dict[str, Any], vocab: Any) -> tuple[Any, int, int]:
-    """CE against the target's greedy next token at every position (``add_labels``), over the
+    """CE against the target's greedy next token at every position (``harness.models.distill``), over the
     reduced vocabulary (labels outside it skipped: the full 49,152-way softmax is 6x dearer)."""
     torch = _torch()
     ids = s["ids"]
@@ -153,52 +154,82 @@ def save_draft(draft: Any, out: Path) -> None:
 def train_all(
     seed: int = 0,
     progress: bool = True,
-    budget_s: float = 600.0,
-    data_seconds: float = float("inf"),
+    epochs: float = 1.0,
+    threads: int = 2,
     out: Path | None = None,
     draft_s: float | None = None,
+    prompts: int | None = None,
 ) -> dict[str, Any]:
-    """Data, EAGLE-3 head (``budget_s`` CPU seconds) and draft (``draft_s``, default the same)
-    from scratch into ``trained/``, then their offline first-position agreement with the target
-    on the held-out default prompts (``harness.models.evaluate``); returns BUILD.json."""
-    from harness.models import eagle3
+    """Answers, features, the EAGLE-3 head (``epochs`` passes over the training sequences) and,
+    given ``draft_s`` CPU seconds, the draft (else the committed draft stays), into
+    ``trained/``; then their offline first-position agreement with the target on the held-out
+    default prompts (``harness.models.evaluate``); returns BUILD.json."""
+    import math
+    import resource
+    import shutil
+
+    from harness.models import distill, eagle3
     from harness.models import evaluate as evaluation
 
-    t_all, cpu_all = time.perf_counter(), time.process_time()
+    torch = _torch()
+    torch.set_num_threads(threads)
+    n = prompts or distill.PROMPTS
+    t_all = time.perf_counter()
     sm.assemble()  # the target
-    model, data, t_gen = load_data(sm.FAMILY_DIR / "target", seed, progress, data_seconds)
-    cpu_gen = time.process_time() - cpu_all
+    target = sm.FAMILY_DIR / "target"
     t0 = time.perf_counter()
-    agree = add_labels(model, data, progress)
-    t_labels = time.perf_counter() - t0
+    distill.generate_answers(target, seed, n, progress)
+    t_answers = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    distill.make_features(target, seed, n, threads, progress)
+    t_features = time.perf_counter() - t0
+    data = distill.load_features(seed, n)
+    model = load_target(target)
+    torch.set_num_threads(threads)
     vocab = draft_vocab(data)
+    outputs = [len(d["output_ids"]) for d in data]
     data_info = {
+        "prompts": "harness/models/corpus.py (open tasks, CPython sources and docstrings, "
+        "arithmetic; none of Spec-Bench or the default workload)",
         "sequences": len(data),
         "prompt_tokens": sum(d["prompt_len"] for d in data),
-        "output_tokens": sum(len(d["output_ids"]) for d in data),
-        "max_prompt_tokens": MAX_PROMPT,
-        "max_new_tokens": GEN_TOKENS,
-        "generate_seconds": round(t_gen),
-        "generate_cpu_seconds": round(cpu_gen),
-        "labels_seconds": round(t_labels),
-        "labels_equal_generated_share": round(agree, 4),
-        "held_out": "first 4 prompts of each category (the default workload draws there)",
+        "output_tokens": sum(outputs),
+        "answers_ended_by_eos": sum(1 for o in outputs if o < distill.ANSWER_TOKENS),
+        "max_prompt_tokens": distill.MAX_PROMPT,
+        "max_new_tokens": distill.ANSWER_TOKENS,
+        "answers": "vLLM 0.32 in-process, greedy, bf16, batches of 256",
+        "features": "HF teacher-forced pass, bf16; labels the target's greedy next token",
+        "answers_seconds": round(t_answers),
+        "features_seconds": round(t_features),
+        "held_out": "the default workload's prompts (workloads/data/default.jsonl)",
     }
     out = out or sm.TRAINED_DIR
     out.mkdir(parents=True, exist_ok=True)
-    head, e_info = eagle3.train(model, data, vocab, seed, budget_s)
-    eagle3.save(
-        head, vocab, out, eagle3.head_config(model.config.to_dict(), len(vocab))
+    train_n = len(split(data, seed)[0])
+    steps = math.ceil(epochs * train_n)
+    ckpt = distill.WORK / f"eagle3-{seed}-{n}-{steps}.ckpt"
+    head, e_info = eagle3.train(
+        model, data, vocab, seed, float("inf"), steps=steps, checkpoint=ckpt, progress=progress
     )
+    e_info["epochs"] = epochs
+    eagle3.save(head, vocab, out, eagle3.head_config(model.config.to_dict(), len(vocab)))
     del head
-    draft, d_info = train_draft(model, data, vocab, seed, budget_s if draft_s is None else draft_s)
-    save_draft(draft, out)
-    del draft, data
-    target = sm.FAMILY_DIR / "target"
+    if draft_s:
+        draft, d_info = train_draft(model, data, vocab, seed, draft_s)
+        save_draft(draft, out)
+        del draft
+    else:
+        for f in ("draft.safetensors", "draft_config.json"):
+            if out != sm.TRAINED_DIR:
+                shutil.copy2(sm.TRAINED_DIR / f, out / f)
+        old = json.loads((sm.TRAINED_DIR / "BUILD.json").read_text())
+        d_info = {**old.get("draft_model", {}), "kept": "the committed draft (not retrained)"}
+    del data
     with tempfile.TemporaryDirectory() as tmp:  # what models build assembles from ``out``
         sm.assemble_draft(Path(tmp) / "draft", target, out)
         sm.assemble_eagle3(Path(tmp) / "eagle3", target, out)
         held = evaluation.evaluate(target, Path(tmp) / "draft", Path(tmp) / "eagle3")
+    usage = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     info = {
         "seed": seed,
         "wheel": sm.WHEEL,
@@ -208,8 +239,8 @@ def train_all(
         "eagle3": e_info,
         "held_out_first_position_agreement": {k: round(v, 4) for k, v in held.items()},
         "total_seconds": round(time.perf_counter() - t_all),
-        "total_cpu_seconds": round(time.process_time() - cpu_all),
-        "torch_threads": THREADS,
+        "total_cpu_seconds": round(sum(u.ru_utime + u.ru_stime for u in usage)),
+        "torch_threads": threads,
     }
     sm.write_json(out / "BUILD.json", info)
     return info
