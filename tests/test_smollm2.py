@@ -17,7 +17,7 @@ from tests.inprocess import run_harness
 # Offline first-position agreement of the shipped speculators on the default workload's 4
 # held-out prompts x 48 tokens (measured: head 0.29, off-by-one 0.16, layers permuted 0.10,
 # draft 0.26; the barely trained speculators shipped before: ~0.07 on 8 held-out x 64).
-AGREEMENT_FLOOR = {"eagle3": 0.15, "draft": 0.12}
+AGREEMENT_FLOOR = {"eagle3": 0.25, "draft": 0.12}
 
 
 def _sha(p: Path) -> str:
@@ -247,8 +247,10 @@ def test_shipped_speculators_predict_the_targets_tokens_as_vllm_feeds_them(smoll
     shifted = models_eval.eagle3_agreement(head, vocab, seqs, token_offset=0)
     assert aligned >= AGREEMENT_FLOOR["eagle3"] and shifted < 0.7 * aligned, (aligned, shifted)
     h = target.config.hidden_size
-    wrong_layer = [{**s, "feat": s["feat"].roll(h, dims=-1)} for s in seqs]  # 27, 2, 15
-    assert models_eval.eagle3_agreement(head, vocab, wrong_layer) < aligned / 2
+    for roll in (h, 2 * h):  # the layers' features in the order 27, 2, 15 and 15, 27, 2
+        wrong_layer = [{**s, "feat": s["feat"].roll(roll, dims=-1)} for s in seqs]
+        wrong = models_eval.eagle3_agreement(head, vocab, wrong_layer)
+        assert wrong < 0.7 * aligned, (roll, wrong, aligned)
     draft = AutoModelForCausalLM.from_pretrained(smollm2["draft"], dtype=torch.float32)
     assert models_eval.draft_agreement(draft, seqs) >= AGREEMENT_FLOOR["draft"]
 
