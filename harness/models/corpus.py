@@ -21,6 +21,7 @@ are what the target would say.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import random
 import warnings
@@ -230,9 +231,11 @@ def _excluded() -> set[tuple[str, str]]:
     return {(m, f) for _, m, f, _, _ in CODE_TASKS}
 
 
-def _sources() -> tuple[list[tuple[str, str, ast.FunctionDef]], list[tuple[str, str]]]:
+@functools.cache
+def _sources() -> tuple[tuple[tuple[str, str, ast.FunctionDef], ...], tuple[tuple[str, str], ...]]:
     """(module, source, node) of short top-level functions and (name, text) of long module
-    and function docstrings, over MODULES (each module's own file, read as text)."""
+    and function docstrings, over MODULES (each module's own file, read as text). Parsed once
+    per process (seconds): every seed draws from the same sources."""
     funcs: list[tuple[str, str, ast.FunctionDef]] = []
     docs: list[tuple[str, str]] = []
     skip = _excluded()
@@ -260,7 +263,7 @@ def _sources() -> tuple[list[tuple[str, str, ast.FunctionDef]], list[tuple[str, 
             d = ast.get_docstring(node)
             if d and MIN_DOC_CHARS <= len(d) <= MAX_DOC_CHARS:
                 docs.append((f"{name}.{node.name}", d))
-    return funcs, docs
+    return tuple(funcs), tuple(docs)
 
 
 def _code_prompt(rng: random.Random, src: str, node: ast.FunctionDef) -> str:
