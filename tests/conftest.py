@@ -24,6 +24,23 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 
+# tests that share one of the session's `vllm serve` / transformers servers or a local Ray cluster
+SHARED_GROUPS = {"managed_servers": "servers"}
+RAY_FILES = frozenset({"tests/test_ray_clients.py", "tests/test_client_workers.py"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (bin/test runs ``-n 2 --dist loadgroup``) a file's tests stay on one
+    worker, so its module fixtures (engines, servers) start once; the tests that share the
+    session's managed servers, or start a Ray cluster, share one worker too. Without xdist the
+    marker is inert."""
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        group = next((g for f, g in SHARED_GROUPS.items() if f in item.fixturenames), None)
+        group = group or ("ray" if path in RAY_FILES else path)
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 # the fixtures that give a test real models: only its sessions build engines that free a heap
 REAL_MODELS = frozenset({"tiny_pair", "smollm2", "managed_servers"})
 

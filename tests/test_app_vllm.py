@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 
@@ -118,13 +119,15 @@ def test_unknown_spec_method_and_spec_config(tmp_path, tiny_pair, harness):
 
 
 def _tiny_servers(model: str) -> set[int]:
-    """This checkout's `vllm serve` processes of the tiny target (others may serve theirs)."""
-    return {
-        p.pid
-        for p in psutil.process_iter(["cmdline"])
-        if "vllm.entrypoints.cli.main" in " ".join(p.info["cmdline"] or [])
-        and f" serve {model} " in " ".join(p.info["cmdline"] or [])
-    }
+    """This process's `vllm serve` processes of the tiny target (the in-process harness starts
+    its servers as children; another test worker's servers are not ours)."""
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            cmd = " ".join(p.cmdline())
+            if "vllm.entrypoints.cli.main" in cmd and f" serve {model} " in cmd:
+                out.add(p.pid)
+    return out
 
 
 def test_managed_vllm_server_spec_end_to_end(tmp_path, tiny_pair, harness):
