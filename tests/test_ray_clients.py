@@ -64,7 +64,7 @@ def _server() -> FakeServer:
 def test_two_ray_nodes_match_one_local_worker(tmp_path, ray_cluster, monkeypatch) -> None:
     """The same request ids and TTFT/TPOT statistics (within tolerance) from 2 Ray actors on 2
     nodes as from one local client; both nodes used; a planted clock offset of 0.25 s on worker 1
-    recovered within 1 ms and corrected in its records."""
+    recovered within its stated uncertainty and corrected in its records."""
     n = 24
     planted = 0.25
     monkeypatch.setenv("HARNESS_TEST_CLOCK_OFFSET_S", f"1:{planted}")
@@ -78,8 +78,11 @@ def test_two_ray_nodes_match_one_local_worker(tmp_path, ray_cluster, monkeypatch
     info = r2["engine_info"]["client_workers"]
     assert info["workers"] == 2 and info["nodes"] == 2, info
     per = {w["worker"]: w for w in info["per_worker"]}
-    assert abs(per[1]["offset_s"] - per[0]["offset_s"] - planted) < 1e-3, per
-    assert per[1]["uncertainty_s"] < 1e-3 or abs(per[1]["offset_s"] - planted) < 1e-3
+    # both actors read this host's monotonic clock: true offsets 0 and the planted one. A ping's
+    # estimate is off by at most half its round trip (``uncertainty_s``) on any machine; a fixed
+    # 1 ms bound failed with two busy loops beside the two test workers (2.1 ms off)
+    for w, truth in ((0, 0.0), (1, planted)):
+        assert abs(per[w]["offset_s"] - truth) <= per[w]["uncertainty_s"] + 1e-9, per
     senders = {r["info"]["client_worker"] for r in r2["records"]}
     assert senders == {0, 1}
     # Both clients see at least the server's injected delays. How close Ray's figures come to a
