@@ -24,8 +24,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 
-# tests that share one of the session's `vllm serve` / transformers servers or a local Ray cluster
-SHARED_GROUPS = {"managed_servers": "servers"}
 RAY_FILES = frozenset({"tests/test_ray_clients.py", "tests/test_client_workers.py"})
 
 
@@ -36,8 +34,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     marker is inert."""
     for item in items:
         path = item.nodeid.split("::")[0]
-        group = next((g for f, g in SHARED_GROUPS.items() if f in item.fixturenames), None)
-        group = group or ("ray" if path in RAY_FILES else path)
+        if "managed_servers" in item.fixturenames:
+            group = "servers"
+        else:
+            group = "ray" if path in RAY_FILES else path
         item.add_marker(pytest.mark.xdist_group(group))
 
 

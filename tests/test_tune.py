@@ -627,9 +627,9 @@ def test_a_verification_that_cannot_fit_even_at_its_minimum_says_so():
 
 def test_the_headline_says_where_the_schedule_is_behind_a_fixed_k_that_does_not_pay():
     """Speculation off at load 1 while the fixed K runs 1.04x of the baseline there (not shown to
-    pay in the search, which did not race it: no correction, `tune: verified`): the headline says the schedule is slower than the
-    fixed K there, not "never significantly slower than it" (the 2026-12-03 SmolLM2 tune printed
-    that beside a 0.96x [0.94, 0.97] row)."""
+    pay in the search, which did not race it: no correction, `tune: verified`): the headline
+    says the schedule is slower than the fixed K there, not "never significantly slower than
+    it" (the 2026-12-03 SmolLM2 tune printed that beside a 0.96x [0.94, 0.97] row)."""
     from harness.tune.verify import verify
 
     engine = LoggedLoad({(1, FIXED): 1.04}, noise=0.001, seed=0)

@@ -129,17 +129,13 @@ class Verification:
         )
         # slower than the fixed K where that K was not shown to pay is no failure (the emit
         # rule's), but the headline says it rather than "never slower than it"
-        behind = [r for r in self.rows if r["schedule_vs_fixed"].verdict == "slower"]
-        than = (
-            "; slower than it at "
-            + ", ".join(
-                f"load {r['load']} (where it is {fmt_ratio(r['fixed_vs_baseline'])} of the "
-                "baseline, not shown to pay)"
-                for r in behind
-            )
-            if behind
-            else " or than it"
-        )
+        behind = [
+            f"load {r['load']} (where it is {fmt_ratio(r['fixed_vs_baseline'])} of the "
+            "baseline, not shown to pay)"
+            for r in self.rows
+            if r["schedule_vs_fixed"].verdict == "slower"
+        ]
+        than = f"; slower than it at {', '.join(behind)}" if behind else " or than it"
         return (
             f"tune: verified: {self.what} {gain}, is never significantly slower than the "
             f"baseline{than} ({self.rounds} interleaved rounds per load){fixed}"
