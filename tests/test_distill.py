@@ -91,3 +91,44 @@ def test_an_interrupted_head_training_resumes_to_the_same_weights(tmp_path: Path
     assert info["steps"] == 7
     a, b = whole.state_dict(), resumed.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.usefixtures("tiny_pair")
+def test_more_passes_start_from_the_saved_head(tmp_path: Path) -> None:
+    """``models build --train --more``: the head starts from the saved weights (its trained
+    lm_head too), not from the target's last layer; a file of another vocabulary is refused."""
+    import torch
+
+    model, data, vocab, layers = _tiny_data()
+    torch.set_num_threads(1)
+    first, _ = eagle3.train(model, data, vocab, 0, 0.0, steps=5, layers=layers, train_lm_head=True)
+    eagle3.save(
+        first, vocab, tmp_path, eagle3.head_config(model.config.to_dict(), len(vocab), layers)
+    )
+    saved = tmp_path / "eagle3.safetensors"
+    cfg = eagle3.head_config(model.config.to_dict(), len(vocab), layers)
+    emb = model.model.embed_tokens.weight.detach()
+    again = eagle3.Eagle3Head(cfg, emb, vocab, train_lm_head=True)
+    eagle3.load_into(again, saved, vocab)
+    half = {k: v.half().float() for k, v in first.state_dict().items()}  # saved as fp16
+    assert not torch.equal(half["lm_head"], emb[vocab].half().float())  # it trained
+    assert all(torch.equal(half[k], v) for k, v in again.state_dict().items())
+    more, info = eagle3.train(
+        model,
+        data,
+        vocab,
+        0,
+        0.0,
+        steps=1,
+        layers=layers,
+        train_lm_head=True,
+        init=saved,
+        peak_lr=1e-9,
+    )  # one step at a negligible rate: still (about) the saved head
+    assert torch.allclose(more.fc.weight, half["fc.weight"], atol=1e-6)
+    assert info["lm_head"] == "trained"
+    frozen = eagle3.Eagle3Head(cfg, emb, vocab)  # a trained lm_head cannot be dropped
+    with pytest.raises(ValueError, match="trained lm_head"):
+        eagle3.load_into(frozen, saved, vocab)
+    with pytest.raises(ValueError, match="vocabulary"):
+        eagle3.load_into(again, saved, vocab[:-1])

@@ -6,8 +6,9 @@ The head sees the target's residual stream after three layers (``aux_layers``: S
 27; each RMS-normed: ``fc_norm``, because those layers carry activations near 2e4), projects
 them with ``fc`` to the hidden size, and runs one decoder layer whose attention takes
 ``[norm(embed(token)), norm(hidden)]`` (2 x hidden inputs). Its ``lm_head`` covers a reduced
-vocabulary (SmolLM2: 8,192 of 49,152 tokens) mapped back by ``d2t`` and stays equal to the
-target's tied head rows (frozen).
+vocabulary (SmolLM2: 8,192 of 49,152 tokens) mapped back by ``d2t``; it starts as the target's
+tied head rows and either stays frozen there (then the committed file omits it) or trains
+(``train_lm_head``, as published EAGLE-3 heads do; then it is committed as ``lm_head.weight``).
 
 Training-time test (EAGLE-3): step k >= 2 at position t takes the step k-1 output at t-1 as its
 hidden input and attends to step 1's keys up to t-k+1 plus its own chain's keys, as at inference.
@@ -29,6 +30,7 @@ from harness.models import smollm as sm
 TTT_STEPS = 3
 STEP_WEIGHTS = (1.0, 0.8, 0.6)
 MAX_HEAD_CONTEXT = 512  # the head attends over at most this many positions while training
+PEAK_LR = 1e-3
 
 
 def aux_layers(num_layers: int) -> tuple[int, int, int]:
@@ -73,7 +75,13 @@ def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
 
 
 class Eagle3Head(nn.Module):
-    def __init__(self, cfg: dict[str, Any], embed: torch.Tensor, vocab: torch.Tensor) -> None:
+    def __init__(
+        self,
+        cfg: dict[str, Any],
+        embed: torch.Tensor,
+        vocab: torch.Tensor,
+        train_lm_head: bool = False,
+    ) -> None:
         super().__init__()
         h, eps = cfg["hidden_size"], cfg["rms_norm_eps"]
         self.heads, self.kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -93,7 +101,10 @@ class Eagle3Head(nn.Module):
         self.up_proj = nn.Linear(h, inter, bias=False)
         self.down_proj = nn.Linear(inter, h, bias=False)
         self.register_buffer("embed", embed, persistent=False)  # the target's, frozen
-        self.register_buffer("lm_head", embed[vocab].clone(), persistent=False)
+        if train_lm_head:
+            self.lm_head = nn.Parameter(embed[vocab].clone())
+        else:
+            self.register_buffer("lm_head", embed[vocab].clone(), persistent=False)
 
     def combine(self, feat: torch.Tensor) -> torch.Tensor:
         chunks = feat.float().chunk(len(self.fc_norm), dim=-1)
@@ -232,27 +243,35 @@ def train(
     checkpoint: Path | None = None,
     every: int = 200,
     progress: bool = False,
+    init: Path | None = None,
+    train_lm_head: bool = False,
+    peak_lr: float = PEAK_LR,
 ) -> tuple[Eagle3Head, dict[str, Any]]:
     """Trains for ``budget_s`` CPU seconds (the step count sized from the first 20 steps) or,
     given ``steps``, for exactly that many (reproducible on any machine). With ``checkpoint``,
     the head, the optimizer and the step are saved there every ``every`` steps and a run that
     finds the file resumes from it (each epoch's order is seeded by its number, so a resumed
-    run sees the sequences a whole one would)."""
+    run sees the sequences a whole one would). ``init``: start from a saved head
+    (``eagle3.safetensors`` of ``save``) instead of the target's last layer, with a fresh
+    warm-up + cosine to ``peak_lr`` (a warm restart: how the committed head gets more passes)."""
     from harness.models.optim import lr_at, optimizer_step, split
 
     torch.manual_seed(seed)
     cfg = head_config(target_model.config.to_dict(), len(vocab), layers)
     embed = target_model.model.embed_tokens.weight.detach().clone()
-    head = Eagle3Head(cfg, embed, vocab)
-    with torch.no_grad():  # start the layer from the target's last one (a good prior for scale)
-        last = target_model.model.layers[-1]
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            getattr(head, name).weight.copy_(getattr(last.mlp, name).weight)
-        head.post_attention_layernorm.weight.copy_(last.post_attention_layernorm.weight)
-        head.norm.weight.copy_(target_model.model.norm.weight)
+    head = Eagle3Head(cfg, embed, vocab, train_lm_head=train_lm_head)
+    if init is not None:
+        load_into(head, init, vocab)
+    else:
+        with torch.no_grad():  # start the layer from the target's last one (a good prior)
+            last = target_model.model.layers[-1]
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                getattr(head, name).weight.copy_(getattr(last.mlp, name).weight)
+            head.post_attention_layernorm.weight.copy_(last.post_attention_layernorm.weight)
+            head.norm.weight.copy_(target_model.model.norm.weight)
     train_set, val = split(data, seed)
     params = [p for p in head.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
+    opt = torch.optim.AdamW(params, lr=peak_lr, weight_decay=0.0)
     t0, step, est = time.process_time(), 0, steps
     total = steps or 10**9
     spent = 0.0
@@ -274,7 +293,7 @@ def train(
         if step == 20 and steps is None:
             est = total = int(budget_s / ((time.process_time() - t0) / 20))
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, est or 10**4, 1e-3)
+            g["lr"] = lr_at(step, est or 10**4, peak_lr)
         loss = torch.zeros(())
         for w, (logits, lab, _) in zip(
             STEP_WEIGHTS, _unroll(head, train_set[order[k]], vocab, TTT_STEPS)
@@ -304,6 +323,8 @@ def train(
         "ttt_steps": TTT_STEPS,
         "train_cpu_seconds": round(spent + time.process_time() - t0),
         "draft_vocab_size": len(vocab),
+        "peak_lr": peak_lr,
+        "lm_head": "trained" if train_lm_head else "the target's rows, frozen",
         "val_sequences": len(val),
         "top1_agreement_per_step": evaluate(head, val, vocab),
     }
@@ -312,11 +333,13 @@ def train(
 
 def state_dict(head: Eagle3Head, vocab: torch.Tensor) -> dict[str, torch.Tensor]:
     """The head's own weights by vLLM's checkpoint names (fp16) and ``d2t`` (target id =
-    i + d2t[i]); without ``lm_head`` (the target's rows: added by whoever writes the directory
-    vLLM loads)."""
+    i + d2t[i]); ``lm_head`` only when trained (the target's frozen rows are added by whoever
+    writes the directory vLLM loads)."""
     sd = {}
     for name, p in head.named_parameters():
-        if name.startswith("fc_norm.") or name.startswith("fc.") or name.startswith("norm."):
+        if name == "lm_head":  # trained (``train_lm_head``): committed; frozen rows are not
+            key = "lm_head.weight"
+        elif name.startswith("fc_norm.") or name.startswith("fc.") or name.startswith("norm."):
             key = name
         elif name.split(".")[0] in ("q_proj", "k_proj", "v_proj", "o_proj"):
             key = "midlayer.self_attn." + name
@@ -327,6 +350,32 @@ def state_dict(head: Eagle3Head, vocab: torch.Tensor) -> dict[str, torch.Tensor]
         sd[key] = p.detach().to(torch.float16).contiguous()
     sd["d2t"] = (vocab - torch.arange(len(vocab))).to(torch.long)
     return dict(sorted(sd.items()))
+
+
+def own_name(key: str) -> str:
+    """vLLM's checkpoint name -> ``Eagle3Head``'s parameter name (the inverse of
+    ``state_dict``)."""
+    if key == "lm_head.weight":
+        return "lm_head"
+    return key.removeprefix("midlayer.").removeprefix("self_attn.").removeprefix("mlp.")
+
+
+def load_into(head: Eagle3Head, path: Path, vocab: torch.Tensor) -> None:
+    """A saved head's weights (``save``'s ``eagle3.safetensors``) into ``head``: its draft
+    vocabulary must be ``vocab``; a frozen-``lm_head`` file into a head that trains it starts
+    that from the target's rows."""
+    from safetensors.torch import load_file
+
+    sd = load_file(str(path))
+    d2t = sd.pop("d2t").to(torch.long)
+    if not torch.equal(torch.arange(len(d2t)) + d2t, vocab):
+        raise ValueError(f"{path}: its draft vocabulary differs from this training set's")
+    own = {own_name(k): v.float() for k, v in sd.items()}
+    if "lm_head" in own and not isinstance(head.lm_head, nn.Parameter):
+        raise ValueError(f"{path} has a trained lm_head: train it (train_lm_head) to go on")
+    missing = head.load_state_dict(own, strict=False).missing_keys
+    if [k for k in missing if k != "lm_head"] or set(own) - set(head.state_dict()):
+        raise ValueError(f"{path}: not this head's layout (missing {missing})")
 
 
 def save(

@@ -24,19 +24,15 @@ def load_head(eagle3: Path, embed: Any) -> Any:
     import torch
     from safetensors.torch import load_file
 
-    from harness.models.eagle3 import Eagle3Head
+    from harness.models.eagle3 import Eagle3Head, own_name
 
     cfg = json.loads((eagle3 / "config.json").read_text())
     sd = load_file(str(eagle3 / "model.safetensors"))
     d2t = sd.pop("d2t").to(torch.long)
     vocab = torch.arange(len(d2t)) + d2t
     head = Eagle3Head(cfg, embed, vocab)
-    own = {}
-    for k, v in sd.items():
-        if k == "lm_head.weight":
-            continue
-        own[k.removeprefix("midlayer.").removeprefix("self_attn.").removeprefix("mlp.")] = v
-    head.load_state_dict({k: v.float() for k, v in own.items()}, strict=True)
+    own = {own_name(k): v.float() for k, v in sd.items() if k != "lm_head.weight"}
+    head.load_state_dict(own, strict=True)
     head.lm_head = sd["lm_head.weight"].float()  # what vLLM's ParallelLMHead loads
     head.eval()
     return head, vocab

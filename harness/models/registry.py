@@ -220,6 +220,21 @@ def main(argv: list[str]) -> int:
         default=1.0,
         help="with --train: passes of the EAGLE-3 head over the training sequences (default 1)",
     )
+    b.add_argument(
+        "--more",
+        action="store_true",
+        help="with --train: start the EAGLE-3 head from the committed one and train --epochs "
+        "more passes (a warm restart; its earlier stages stay in BUILD.json)",
+    )
+    b.add_argument(
+        "--train-lm-head",
+        action="store_true",
+        help="with --train: the head's lm_head rows (its 8,192-token vocabulary) train too and "
+        "are committed (+9.4 MB) instead of staying the target's",
+    )
+    b.add_argument(
+        "--lr", type=float, default=None, help="with --train: the head's peak learning rate"
+    )
     b.add_argument("--threads", type=int, default=2, help="with --train: torch threads (default 2)")
     b.add_argument(
         "--draft-seconds",
@@ -265,6 +280,9 @@ def main(argv: list[str]) -> int:
                     epochs=args.epochs,
                     threads=args.threads,
                     draft_s=args.draft_seconds,
+                    more=args.more,
+                    train_lm_head=args.train_lm_head,
+                    peak_lr=args.lr,
                 )
             smollm.assemble(force=args.force or args.train)
             print(f"smollm2 ready at {smollm.FAMILY_DIR} ({time.perf_counter() - t0:.0f} s)")

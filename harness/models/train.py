@@ -159,11 +159,18 @@ def train_all(
     out: Path | None = None,
     draft_s: float | None = None,
     prompts: int | None = None,
+    more: bool = False,
+    train_lm_head: bool = False,
+    peak_lr: float | None = None,
 ) -> dict[str, Any]:
     """Answers, features, the EAGLE-3 head (``epochs`` passes over the training sequences) and,
     given ``draft_s`` CPU seconds, the draft (else the committed draft stays), into
     ``trained/``; then their offline first-position agreement with the target on the held-out
-    default prompts (``harness.models.evaluate``); returns BUILD.json."""
+    default prompts (``harness.models.evaluate``); returns BUILD.json.
+
+    ``more``: the head starts from the committed one (``trained/eagle3.safetensors``, whose
+    BUILD.json stages are kept in ``eagle3.earlier_stages``) for ``epochs`` more passes, a warm
+    restart of the learning rate; ``train_lm_head``: its lm_head rows train too (committed)."""
     import math
     import resource
     import shutil
@@ -207,11 +214,36 @@ def train_all(
     out.mkdir(parents=True, exist_ok=True)
     train_n = len(split(data, seed)[0])
     steps = math.ceil(epochs * train_n)
-    ckpt = distill.WORK / f"eagle3-{seed}-{n}-{steps}.ckpt"
+    peak = peak_lr or eagle3.PEAK_LR
+    init = sm.TRAINED_DIR / "eagle3.safetensors" if more else None
+    tag = f"-after-{sm.sha256_file(init)[:12]}" if init else ""
+    tag += ("-lm_head" if train_lm_head else "") + (f"-lr{peak:g}" if peak_lr else "")
+    ckpt = distill.WORK / f"eagle3-{seed}-{n}-{steps}{tag}.ckpt"
+    earlier: list[dict[str, Any]] = []
+    if init is not None:
+        old_e = json.loads((sm.TRAINED_DIR / "BUILD.json").read_text()).get("eagle3", {})
+        earlier = old_e.pop("earlier_stages", []) + [old_e]
     head, e_info = eagle3.train(
-        model, data, vocab, seed, float("inf"), steps=steps, checkpoint=ckpt, progress=progress
+        model,
+        data,
+        vocab,
+        seed,
+        float("inf"),
+        steps=steps,
+        checkpoint=ckpt,
+        progress=progress,
+        init=init,
+        train_lm_head=train_lm_head,
+        peak_lr=peak,
     )
     e_info["epochs"] = epochs
+    if init is not None:
+        e_info["started_from"] = f"the committed head, sha256 {sm.sha256_file(init)}"
+        e_info["earlier_stages"] = earlier
+        e_info["total_epochs"] = epochs + sum(st.get("epochs", 0) for st in earlier)
+        e_info["total_train_cpu_seconds"] = e_info["train_cpu_seconds"] + sum(
+            st.get("train_cpu_seconds", 0) for st in earlier
+        )
     eagle3.save(head, vocab, out, eagle3.head_config(model.config.to_dict(), len(vocab)))
     del head
     if draft_s:
