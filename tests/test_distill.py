@@ -132,3 +132,16 @@ def test_more_passes_start_from_the_saved_head(tmp_path: Path) -> None:
         eagle3.load_into(frozen, saved, vocab)
     with pytest.raises(ValueError, match="vocabulary"):
         eagle3.load_into(again, saved, vocab[:-1])
+
+
+def test_alpha_at_k1_counts_drafts_as_vllm_does() -> None:
+    """vLLM's alpha at K 1 drafts after every target pass: an accepted draft's pass also gives
+    the next token, so the position after a hit is never drafted (known truths)."""
+    from harness.models.evaluate import drafts_at_k1
+
+    assert drafts_at_k1([True] * 6) == (3, 3)
+    assert drafts_at_k1([False] * 6) == (0, 6)
+    assert drafts_at_k1([True, False] * 4) == (4, 4)  # agreement 0.5, alpha 1
+    assert drafts_at_k1([False, True] * 4) == (4, 5)
+    assert drafts_at_k1([True, True, False, False, True]) == (2, 4)
+    assert drafts_at_k1([]) == (0, 0)

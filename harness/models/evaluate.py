@@ -38,27 +38,47 @@ def load_head(eagle3: Path, embed: Any) -> Any:
     return head, vocab
 
 
+def eagle3_hits(head: Any, vocab: Any, s: dict[str, Any], token_offset: int = 1) -> Any:
+    """Per output position, whether the head's first draft is the target's token: hidden f[t]
+    + token x[t+1] -> x[t+2], for t >= prompt_len - 2 (x[t+2] an output token).
+    ``token_offset`` 0 pairs f[t] with x[t] instead (a misalignment, for tests)."""
+    import torch
+
+    ids, p, feat = s["ids"], s["prompt_len"], s["feat"]
+    T = len(ids) - 2
+    with torch.no_grad():
+        hidden = head.combine(feat[:T])
+        tokens = ids[token_offset : T + token_offset]
+        normed, _, _ = head.step(tokens, hidden, torch.arange(T), [])
+        pred = vocab[(normed @ head.lm_head.T).argmax(-1)]
+    return (pred == ids[2:])[max(0, p - 2) : T]
+
+
 def eagle3_agreement(
     head: Any, vocab: Any, seqs: list[dict[str, Any]], token_offset: int = 1
 ) -> float:
-    """First-position top-1 agreement over generated tokens: hidden f[t] + token x[t+1] ->
-    x[t+2], counted where x[t+2] is an output token (t >= prompt_len - 2). ``token_offset`` 0
-    pairs f[t] with x[t] instead (a misalignment, for tests)."""
-    import torch
+    """First-position top-1 agreement over generated tokens (``eagle3_hits``)."""
+    hits = [eagle3_hits(head, vocab, s, token_offset) for s in seqs]
+    return sum(int(h.sum()) for h in hits) / max(1, sum(len(h) for h in hits))
 
-    ok = n = 0
-    with torch.no_grad():
-        for s in seqs:
-            ids, p, feat = s["ids"], s["prompt_len"], s["feat"]
-            T = len(ids) - 2
-            hidden = head.combine(feat[:T])
-            tokens = ids[token_offset : T + token_offset]
-            normed, _, _ = head.step(tokens, hidden, torch.arange(T), [])
-            pred = vocab[(normed @ head.lm_head.T).argmax(-1)]
-            out = slice(max(0, p - 2), T)
-            ok += int((pred[out] == ids[2:][out]).sum())
-            n += len(range(T)[out])
-    return ok / max(1, n)
+
+def drafts_at_k1(hits: list[bool]) -> tuple[int, int]:
+    """(accepted, drafted) of one-token drafts along a sequence, as vLLM counts them at K 1: a
+    draft after every target pass, so an accepted draft skips the next position (the pass
+    also gives the token after it) and a rejected one does not. Hence vLLM's alpha is not the
+    per-token agreement: ``[True, False] * n`` drafts only the hits (alpha 1, agreement 0.5)."""
+    i = accepted = drafted = 0
+    while i < len(hits):
+        drafted += 1
+        accepted += bool(hits[i])
+        i += 2 if hits[i] else 1
+    return accepted, drafted
+
+
+def eagle3_alpha_k1(head: Any, vocab: Any, seqs: list[dict[str, Any]]) -> float:
+    """vLLM's alpha (accepted / drafted) for this head at K 1 on these sequences."""
+    counts = [drafts_at_k1(eagle3_hits(head, vocab, s).tolist()) for s in seqs]
+    return sum(a for a, _ in counts) / max(1, sum(d for _, d in counts))
 
 
 def draft_agreement(draft: Any, seqs: list[dict[str, Any]]) -> float:
@@ -97,7 +117,8 @@ def evaluate(
     eagle3: Path | None = sm.FAMILY_DIR / "eagle3",
     n_tokens: int = 64,
 ) -> dict[str, float]:
-    """{"draft": ..., "eagle3": ...} on the default workload's prompts (assembled dirs)."""
+    """{"draft": ..., "eagle3": ..., "eagle3_alpha_k1": ...} on the default workload's prompts
+    (assembled dirs): first-position agreement, and vLLM's alpha of the head at K 1 there."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -112,12 +133,15 @@ def evaluate(
     if eagle3 is not None and sm.is_complete(eagle3):
         head, vocab = load_head(eagle3, model.model.embed_tokens.weight.detach())
         out["eagle3"] = eagle3_agreement(head, vocab, seqs)
+        out["eagle3_alpha_k1"] = eagle3_alpha_k1(head, vocab, seqs)
     return out
 
 
 if __name__ == "__main__":
+    import sys
     import time
 
     t0 = time.perf_counter()
-    agreement = {k: round(v, 4) for k, v in evaluate().items()}
+    tokens = int(sys.argv[1]) if len(sys.argv) > 1 else 64  # the main job's default: 32
+    agreement = {k: round(v, 4) for k, v in evaluate(n_tokens=tokens).items()}
     print(json.dumps(agreement), f"{time.perf_counter() - t0:.0f} s")

@@ -269,6 +269,7 @@ def train_all(
         "data": data_info,
         "draft_model": d_info,
         "eagle3": e_info,
+        "held_out_alpha_at_k1": {"eagle3": round(held.pop("eagle3_alpha_k1", 0.0), 4)},
         "held_out_first_position_agreement": {k: round(v, 4) for k, v in held.items()},
         "total_seconds": round(time.perf_counter() - t_all),
         "total_cpu_seconds": round(sum(u.ru_utime + u.ru_stime for u in usage)),
