@@ -360,6 +360,14 @@ def own_name(key: str) -> str:
     return key.removeprefix("midlayer.").removeprefix("self_attn.").removeprefix("mlp.")
 
 
+def saved_vocab(path: Path) -> torch.Tensor:
+    """A saved head's draft vocabulary (target ids ``i + d2t[i]``): more passes keep it."""
+    from safetensors.torch import load_file
+
+    d2t = load_file(str(path))["d2t"].to(torch.long)
+    return torch.arange(len(d2t)) + d2t
+
+
 def load_into(head: Eagle3Head, path: Path, vocab: torch.Tensor) -> None:
     """A saved head's weights (``save``'s ``eagle3.safetensors``) into ``head``: its draft
     vocabulary must be ``vocab``; a frozen-``lm_head`` file into a head that trains it starts
@@ -367,10 +375,9 @@ def load_into(head: Eagle3Head, path: Path, vocab: torch.Tensor) -> None:
     from safetensors.torch import load_file
 
     sd = load_file(str(path))
-    d2t = sd.pop("d2t").to(torch.long)
-    if not torch.equal(torch.arange(len(d2t)) + d2t, vocab):
+    if not torch.equal(saved_vocab(path), vocab):
         raise ValueError(f"{path}: its draft vocabulary differs from this training set's")
-    own = {own_name(k): v.float() for k, v in sd.items()}
+    own = {own_name(k): v.float() for k, v in sd.items() if k != "d2t"}
     if "lm_head" in own and not isinstance(head.lm_head, nn.Parameter):
         raise ValueError(f"{path} has a trained lm_head: train it (train_lm_head) to go on")
     missing = head.load_state_dict(own, strict=False).missing_keys

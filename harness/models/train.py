@@ -193,7 +193,10 @@ def train_all(
     data = distill.load_features(seed, n)
     model = load_target(target)
     torch.set_num_threads(threads)
-    vocab = draft_vocab(data)
+    from harness.models.eagle3 import saved_vocab
+
+    init = sm.TRAINED_DIR / "eagle3.safetensors" if more else None
+    vocab = saved_vocab(init) if init else draft_vocab(data)  # more passes keep the head's
     outputs = [len(d["output_ids"]) for d in data]
     data_info = {
         "prompts": "harness/models/corpus.py (open tasks, CPython sources and docstrings, "
@@ -215,7 +218,6 @@ def train_all(
     train_n = len(split(data, seed)[0])
     steps = math.ceil(epochs * train_n)
     peak = peak_lr or eagle3.PEAK_LR
-    init = sm.TRAINED_DIR / "eagle3.safetensors" if more else None
     tag = f"-after-{sm.sha256_file(init)[:12]}" if init else ""
     tag += ("-lm_head" if train_lm_head else "") + (f"-lr{peak:g}" if peak_lr else "")
     ckpt = distill.WORK / f"eagle3-{seed}-{n}-{steps}{tag}.ckpt"
