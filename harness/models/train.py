@@ -218,7 +218,8 @@ def train_all(
     train_n = len(split(data, seed)[0])
     steps = math.ceil(epochs * train_n)
     peak = peak_lr or eagle3.PEAK_LR
-    tag = f"-after-{sm.sha256_file(init)[:12]}" if init else ""
+    init_sha = sm.sha256_file(init) if init else ""
+    tag = f"-after-{init_sha[:12]}" if init else ""
     tag += ("-lm_head" if train_lm_head else "") + (f"-lr{peak:g}" if peak_lr else "")
     ckpt = distill.WORK / f"eagle3-{seed}-{n}-{steps}{tag}.ckpt"
     earlier: list[dict[str, Any]] = []
@@ -240,7 +241,7 @@ def train_all(
     )
     e_info["epochs"] = epochs
     if init is not None:
-        e_info["started_from"] = f"the committed head, sha256 {sm.sha256_file(init)}"
+        e_info["started_from"] = f"the committed head, sha256 {init_sha}"
         e_info["earlier_stages"] = earlier
         e_info["total_epochs"] = epochs + sum(st.get("epochs", 0) for st in earlier)
         e_info["total_train_cpu_seconds"] = e_info["train_cpu_seconds"] + sum(
