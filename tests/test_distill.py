@@ -11,7 +11,7 @@ from unittest import mock
 
 import pytest
 
-from harness.models import corpus, eagle3
+from harness.models import corpus, distill, eagle3, eagle3_checkpoint
 from harness.models import registry as models
 
 DATA = Path(__file__).resolve().parents[1] / "workloads" / "data"
@@ -39,9 +39,44 @@ def test_no_training_prompt_is_one_the_harness_evaluates_on() -> None:
             evaluated.update([r["prompt"]] if "prompt" in r else [])
             evaluated.update(m["content"] for m in r.get("messages", []))
     sources = [function_source(m, f)[0] for _, m, f, _, _ in CODE_TASKS]
-    for r in corpus.prompts(3000, seed=0):
+    built = [r for name in distill.SETS for r in distill.set_prompts(*distill.parse_set(name))]
+    assert len(built) > 4500
+    for r in built:
         assert r["prompt"] not in evaluated
         assert not any(src in r["prompt"] for src in sources), r["id"]
+
+
+def test_the_training_sets_are_disjoint_and_the_long_ones_long() -> None:
+    """A later seed's mixed set drops the earlier seeds' prompts (else it would repeat a third
+        of them); ids are unique across sets; the long set's passages are 1,500-3,600 characters of
+    whole paragraphs (or one longer paragraph)."""
+    seen: dict[str, str] = {}
+    ids: set[str] = set()
+    for name in distill.SETS:
+        rows = distill.set_prompts(*distill.parse_set(name))
+        for r in rows:
+            assert r["prompt"] not in seen, (name, seen.get(r["prompt"]))
+            seen[r["prompt"]] = name
+        assert not ids & {r["id"] for r in rows}
+        ids |= {r["id"] for r in rows}
+    again = distill.set_prompts("mixed", 1, 2500)
+    assert again == distill.set_prompts("mixed", 1, 2500)  # seeded
+    assert len(again) < len(corpus.prompts(2500, seed=1))  # the overlap with seed 0 went
+    long = distill.set_prompts("long", 0, 10_000)
+    assert len(long) > 400
+    for r in long:
+        text = r["prompt"].split("\n\n", 1)[1]
+        assert len(text) >= corpus.LONG_MIN_CHARS
+        assert len(text) <= corpus.LONG_MAX_CHARS or "\n\n" not in text  # or one paragraph
+
+
+@pytest.mark.parametrize("bad", ["mixed-1", "short-0-10", "mixed-x-10", "mixed-1-2-3"])
+def test_a_bad_training_set_name_is_one_line_and_exit_2(
+    bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert models.main(["build", "--train", "--sets", f"mixed-0-3000,{bad}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--sets" in err[0] and repr(bad) in err[0], err
 
 
 def _tiny_data() -> tuple[Any, list[dict[str, Any]], Any, tuple[int, ...]]:
@@ -54,7 +89,7 @@ def _tiny_data() -> tuple[Any, list[dict[str, Any]], Any, tuple[int, ...]]:
     model = AutoModelForCausalLM.from_pretrained(models.tiny_path("target"), dtype=torch.float32)
     model.eval()
     cfg = model.config.to_dict()
-    layers = eagle3.aux_layers(cfg["num_hidden_layers"])
+    layers = eagle3_checkpoint.aux_layers(cfg["num_hidden_layers"])
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(3, cfg["vocab_size"], (10, tiny_eagle3.PROMPT_LEN), generator=gen)
     data = tiny_eagle3.sequences(model, x, layers)
@@ -102,14 +137,17 @@ def test_more_passes_start_from_the_saved_head(tmp_path: Path) -> None:
     model, data, vocab, layers = _tiny_data()
     torch.set_num_threads(1)
     first, _ = eagle3.train(model, data, vocab, 0, 0.0, steps=5, layers=layers, train_lm_head=True)
-    eagle3.save(
-        first, vocab, tmp_path, eagle3.head_config(model.config.to_dict(), len(vocab), layers)
+    eagle3_checkpoint.save(
+        first,
+        vocab,
+        tmp_path,
+        eagle3_checkpoint.head_config(model.config.to_dict(), len(vocab), layers),
     )
     saved = tmp_path / "eagle3.safetensors"
-    cfg = eagle3.head_config(model.config.to_dict(), len(vocab), layers)
+    cfg = eagle3_checkpoint.head_config(model.config.to_dict(), len(vocab), layers)
     emb = model.model.embed_tokens.weight.detach()
     again = eagle3.Eagle3Head(cfg, emb, vocab, train_lm_head=True)
-    eagle3.load_into(again, saved, vocab)
+    eagle3_checkpoint.load_into(again, saved, vocab)
     half = {k: v.half().float() for k, v in first.state_dict().items()}  # saved as fp16
     assert not torch.equal(half["lm_head"], emb[vocab].half().float())  # it trained
     assert all(torch.equal(half[k], v) for k, v in again.state_dict().items())
@@ -129,9 +167,9 @@ def test_more_passes_start_from_the_saved_head(tmp_path: Path) -> None:
     assert info["lm_head"] == "trained"
     frozen = eagle3.Eagle3Head(cfg, emb, vocab)  # a trained lm_head cannot be dropped
     with pytest.raises(ValueError, match="trained lm_head"):
-        eagle3.load_into(frozen, saved, vocab)
+        eagle3_checkpoint.load_into(frozen, saved, vocab)
     with pytest.raises(ValueError, match="vocabulary"):
-        eagle3.load_into(again, saved, vocab[:-1])
+        eagle3_checkpoint.load_into(again, saved, vocab[:-1])
 
 
 def test_alpha_at_k1_counts_drafts_as_vllm_does() -> None:
@@ -145,3 +183,63 @@ def test_alpha_at_k1_counts_drafts_as_vllm_does() -> None:
     assert drafts_at_k1([False, True] * 4) == (4, 5)
     assert drafts_at_k1([True, True, False, False, True]) == (2, 4)
     assert drafts_at_k1([]) == (0, 0)
+
+
+@pytest.mark.usefixtures("tiny_pair")
+def test_answers_come_from_vllm_in_a_child_and_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answers stage, end to end on the tiny target: vLLM answers in a spawned child (its
+    arguments pickle, the environment passes), one JSONL row per prompt, and a second call finds
+    them done. (Why a child: in a 1,598-prompt build a second engine in one process died
+    "cancelled" after the first was deleted; the tiny pair does not reproduce that.)"""
+    monkeypatch.setattr(distill, "WORK", tmp_path)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+
+    def three(kind: str, seed: int, n: int) -> list[dict[str, Any]]:
+        return [
+            {"id": f"{kind}-{i}", "category": kind, "prompt": f"Count to {i + 2}."}
+            for i in range(n)
+        ]
+
+    monkeypatch.setattr(distill, "set_prompts", three)
+    target = models.tiny_path("target")
+    path = distill.generate_answers(target, 0, 3, progress=False, kind="long")
+    rows = distill.load_answers(path)
+    assert path.parent == tmp_path and [r["id"] for r in rows] == [f"long-{i}" for i in range(3)]
+    assert all(r["output_ids"] and r["prompt_ids"] for r in rows)
+    assert distill.generate_answers(target, 0, 3, progress=False, kind="long") == path  # done
+    assert len(distill.load_answers(path)) == 3
+
+
+@pytest.mark.usefixtures("tiny_pair")
+def test_features_never_mix_shards_cut_from_other_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shards are numbered by batch: features made while the answers were partial, then again
+    after they grew, would hold some sequences twice and others never; they are remade."""
+    import torch
+
+    from harness.models import smollm
+
+    monkeypatch.setattr(distill, "WORK", tmp_path)
+    monkeypatch.setattr(distill, "FEATURE_TOKENS", 24)  # a few sequences per shard
+    monkeypatch.setattr(smollm, "EAGLE3_LAYERS", (1, 2, 3))  # the tiny target's 4 layers
+    target = models.tiny_path("target")
+    path = distill.answers_path(0, 6)
+    rows = [
+        {"id": f"r{i}", "category": "open", "prompt_ids": [5 + i] * (8 - i), "output_ids": [9] * 4}
+        for i in range(6)
+    ]
+    # an interrupted answers run, then resumed to the end: the rows it adds are the shortest,
+    # so they sort first and every batch boundary moves
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows[:4]))
+    distill.make_features(target, 0, 6, threads=1, progress=False)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    distill.make_features(target, 0, 6, threads=1, progress=False)
+    got = [s["id"] for s in distill.load_features(0, 6)]
+    assert sorted(got) == [f"r{i}" for i in range(6)]
+    for s in distill.load_features(0, 6):
+        assert torch.equal(
+            s["ids"][: s["prompt_len"]], torch.tensor(rows[int(s["id"][1:])]["prompt_ids"])
+        )

@@ -87,14 +87,14 @@ def test_eagle3_head_is_written_in_vllms_layout(smollm2: dict[str, str], tmp_pat
     import torch
     from safetensors.torch import load_file
 
-    from harness.models import eagle3
+    from harness.models import eagle3, eagle3_checkpoint
 
     t = Path(smollm2["target"])
     tcfg = json.loads((t / "config.json").read_text())
     emb = load_file(str(t / "model.safetensors"))["model.embed_tokens.weight"]
     vocab = torch.arange(5, 49152, 7)[:1024]  # any sorted subset of the target's ids
-    cfg = eagle3.head_config(tcfg, len(vocab))
-    eagle3.save(eagle3.Eagle3Head(cfg, emb, vocab), vocab, tmp_path, cfg)
+    cfg = eagle3_checkpoint.head_config(tcfg, len(vocab))
+    eagle3_checkpoint.save(eagle3.Eagle3Head(cfg, emb, vocab), vocab, tmp_path, cfg)
     smollm.assemble_eagle3(tmp_path / "eagle3", t, trained=tmp_path)
     e = tmp_path / "eagle3"
     assert _sha(t / "tokenizer.json") == _sha(e / "tokenizer.json")
@@ -119,13 +119,13 @@ def test_the_committed_head_config_is_what_head_config_writes(smollm2: dict[str,
     SmolLM2's committed config as it is, and the committed weights load into it."""
     from safetensors.torch import load_file
 
-    from harness.models import eagle3
+    from harness.models import eagle3_checkpoint
     from harness.models import evaluate as models_eval
 
     tcfg = json.loads((Path(smollm2["target"]) / "config.json").read_text())
     committed = json.loads((smollm.TRAINED_DIR / "eagle3_config.json").read_text())
-    assert eagle3.head_config(tcfg, committed["draft_vocab_size"]) == committed
-    assert eagle3.aux_layers(tcfg["num_hidden_layers"]) == smollm.EAGLE3_LAYERS
+    assert eagle3_checkpoint.head_config(tcfg, committed["draft_vocab_size"]) == committed
+    assert eagle3_checkpoint.aux_layers(tcfg["num_hidden_layers"]) == smollm.EAGLE3_LAYERS
     emb = load_file(str(Path(smollm2["target"]) / "model.safetensors"))["model.embed_tokens.weight"]
     head, vocab = models_eval.load_head(Path(smollm2["eagle3"]), emb)  # strict load
     assert len(head.fc_norm) == 3 and len(vocab) == committed["draft_vocab_size"]

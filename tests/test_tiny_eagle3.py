@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.models import eagle3
+from harness.models import eagle3_checkpoint
 from harness.models import registry as models
 
 pytestmark = pytest.mark.usefixtures("tiny_pair")
@@ -21,14 +21,26 @@ AGREEMENT_FLOOR = 0.45
 
 
 def test_aux_layers_are_vllms_default_where_it_is_valid_else_three_distinct() -> None:
-    assert eagle3.aux_layers(30) == (2, 15, 27)  # SmolLM2's, which its head was trained on
-    assert eagle3.aux_layers(4) == (1, 2, 3)  # vLLM's (2, 2, 1) collapses to two features
-    assert eagle3.aux_layers(6) == (1, 3, 5) and eagle3.aux_layers(7) == (2, 3, 4)
+    assert eagle3_checkpoint.aux_layers(30) == (
+        2,
+        15,
+        27,
+    )  # SmolLM2's, which its head was trained on
+    assert eagle3_checkpoint.aux_layers(4) == (
+        1,
+        2,
+        3,
+    )  # vLLM's (2, 2, 1) collapses to two features
+    assert eagle3_checkpoint.aux_layers(6) == (1, 3, 5) and eagle3_checkpoint.aux_layers(7) == (
+        2,
+        3,
+        4,
+    )
     with pytest.raises(ValueError, match="at least 4 layers"):
-        eagle3.aux_layers(3)
+        eagle3_checkpoint.aux_layers(3)
     cfg = json.loads((models.tiny_path("target") / "config.json").read_text())
     with pytest.raises(ValueError, match="increasing"):
-        eagle3.head_config(cfg, 16, (3, 1, 2))  # vLLM sorts them: the features' order
+        eagle3_checkpoint.head_config(cfg, 16, (3, 1, 2))  # vLLM sorts them: the features' order
 
 
 def test_the_committed_head_is_in_vllms_layout_and_small() -> None:

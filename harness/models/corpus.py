@@ -13,6 +13,10 @@ committed build):
   (``workloads/data/LICENSE-PSF``); the functions the grounded workload uses
   (``workloads.make_grounded.CODE_TASKS``) are excluded.
 - **Arithmetic word problems** from templates with seeded numbers.
+- **Long passages** (``long_prompts``): sections of the Python reference manual that ships
+  with the interpreter (``pydoc_data.topics``, PSF License), 1,500-3,600 characters each
+  (400-1,000 tokens; the distill drops those over 1,024), to summarize, list or explain: the default workload's news summary reads a
+  600-token article, longer than any prompt of the three kinds above (at most 384 tokens).
 
 The answers are the target's own (``harness.models.distill``): self-distillation, so the labels
 are what the target would say.
@@ -220,6 +224,12 @@ MODULES = (
     "zipfile",
     "zipimport",
 )
+LONG_TEMPLATES = TEXT_TEMPLATES[:2] + (
+    "Explain the following section of the Python reference to a beginner, with its main "
+    "rules.\n\n{text}",
+    "Write a short summary of the passage below, then quote its most important sentence.\n\n{text}",
+)
+LONG_MIN_CHARS, LONG_MAX_CHARS = 1500, 3600
 MAX_SOURCE_CHARS = 1200
 MIN_DOC_CHARS = 300
 MAX_DOC_CHARS = 1500
@@ -316,3 +326,39 @@ def prompts(n: int, seed: int = 0) -> list[dict[str, Any]]:
             i += 1
     rng.shuffle(out)
     return out[:n]
+
+
+@functools.cache
+def _long_passages() -> tuple[tuple[str, str], ...]:
+    """(topic, passage) of ``pydoc_data.topics``: each topic cut at paragraph breaks into
+    passages of whole paragraphs, LONG_MIN_CHARS..LONG_MAX_CHARS characters, or one longer
+    paragraph (a table); shorter tails dropped. The distill's token limit bounds them all."""
+    from pydoc_data.topics import topics
+
+    out = []
+    for name in sorted(topics):
+        cur = ""
+        for para in topics[name].split("\n\n"):
+            if cur and len(cur) + len(para) + 2 > LONG_MAX_CHARS:
+                if len(cur) >= LONG_MIN_CHARS:
+                    out.append((name, cur))
+                cur = ""
+            cur = f"{cur}\n\n{para}" if cur else para
+        if LONG_MIN_CHARS <= len(cur) <= LONG_MAX_CHARS:
+            out.append((name, cur))
+    return tuple(out)
+
+
+def long_prompts(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """The distinct ones of ``n`` long-passage prompts (id, category "long", prompt); seeded.
+    Some topics share a passage (the operator table, ...): a repeat is dropped, ids stay put."""
+    rng = random.Random(seed)
+    pairs = [(p, t) for p in _long_passages() for t in LONG_TEMPLATES]
+    rng.shuffle(pairs)
+    out, seen = [], set()
+    for i, ((name, passage), template) in enumerate(pairs[:n]):
+        text = template.format(text=passage, name=name)
+        if text not in seen:
+            seen.add(text)
+            out.append({"id": f"long-{i:05d}", "category": "long", "prompt": text})
+    return out

@@ -8,12 +8,13 @@ line per sequence, flushed per batch; features: one shard per batch), so an inte
 resumes where it stopped.
 
 Run from the project root (``python -m harness models build --train`` calls it):
-``python -m harness.models.distill answers|features``.
+``python -m harness.models.distill answers|features [SET ...]`` (default: every one of ``SETS``).
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -25,13 +26,38 @@ from harness.models import smollm as sm
 WORK = sm.CACHE_DIR.parent / "train"
 PROMPTS = 3000
 ANSWER_TOKENS = 256
-MAX_PROMPT = 384
+MAX_PROMPT = {"mixed": 384, "long": 1024}  # prompt tokens at most, per kind of set
 BATCH = 256  # prompts per vLLM call: one JSONL flush each
 FEATURE_TOKENS = 6144  # tokens per teacher-forced HF batch
+# The build's training sets, "kind-seed-prompts": corpus.prompts (mixed; a seed > 0 drops the
+# prompts of the lower seeds' sets) and corpus.long_prompts (long).
+SETS = ("mixed-0-3000", "mixed-1-2500", "long-0-524")
 
 
-def answers_path(seed: int, n: int = PROMPTS) -> Path:
-    return WORK / f"answers-{seed}-{n}-{ANSWER_TOKENS}.jsonl"
+def parse_set(name: str) -> tuple[str, int, int]:
+    """A set's name to (kind, seed, prompts): "mixed-1-1500" -> ("mixed", 1, 1500)."""
+    parts = name.split("-")
+    if len(parts) != 3 or parts[0] not in MAX_PROMPT or not all(p.isdigit() for p in parts[1:]):
+        raise ValueError(f"{name!r} is not KIND-SEED-PROMPTS with KIND one of {list(MAX_PROMPT)}")
+    return parts[0], int(parts[1]), int(parts[2])
+
+
+def answers_path(seed: int, n: int = PROMPTS, kind: str = "mixed") -> Path:
+    prefix = "" if kind == "mixed" else f"{kind}-"  # the first set's files keep their names
+    return WORK / f"answers-{prefix}{seed}-{n}-{ANSWER_TOKENS}.jsonl"
+
+
+def set_prompts(kind: str, seed: int, n: int) -> list[dict[str, Any]]:
+    """The prompts of one training set: ids unique across sets."""
+    from harness.models import corpus
+
+    if kind == "long":
+        return corpus.long_prompts(n, seed)
+    rows = corpus.prompts(n, seed)
+    if seed == 0:
+        return rows
+    earlier = {r["prompt"] for s in range(seed) for r in corpus.prompts(PROMPTS, s)}
+    return [{**r, "id": f"s{seed}-{r['id']}"} for r in rows if r["prompt"] not in earlier]
 
 
 def _done_ids(path: Path) -> set[str]:
@@ -46,27 +72,29 @@ def _done_ids(path: Path) -> set[str]:
     return done
 
 
-def _tokenized(tok: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _tokenized(tok: Any, rows: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         text = tok.apply_chat_template(
             [{"role": "user", "content": r["prompt"]}], add_generation_prompt=True, tokenize=False
         )
         ids = list(tok(text, add_special_tokens=False)["input_ids"])
-        if len(ids) <= MAX_PROMPT:
+        if len(ids) <= limit:
             out.append({**r, "prompt_ids": ids})
     return out
 
 
-def generate_answers(target: Path, seed: int = 0, n: int = PROMPTS, progress: bool = True) -> Path:
+def generate_answers(
+    target: Path, seed: int = 0, n: int = PROMPTS, progress: bool = True, kind: str = "mixed"
+) -> Path:
     """The target's greedy answers (vLLM, bf16 on CPU: 2.6x fp32's throughput; the labels are
-    recomputed by the fp32 target in ``features``) to ``n`` corpus prompts, appended per batch
-    to ``answers_path``; prompts already answered there are skipped."""
+    recomputed by the fp32 target in ``features``) to a set's ``n`` corpus prompts, appended per
+    batch to ``answers_path``; prompts already answered there are skipped. vLLM runs in a child
+    process: the training that follows gets its memory back, and a second engine in one process
+    died ("cancelled") after the first was deleted in a 1,598-prompt build."""
     from transformers import AutoTokenizer
 
-    from harness.models import corpus
-
-    path = answers_path(seed, n)
+    path = answers_path(seed, n, kind)
     path.parent.mkdir(parents=True, exist_ok=True)
     done = _done_ids(path)
     if path.is_file():  # drop a torn last line before appending
@@ -74,17 +102,31 @@ def generate_answers(target: Path, seed: int = 0, n: int = PROMPTS, progress: bo
         good = [ln for ln in lines if _parses(ln)]
         path.write_text("".join(ln + "\n" for ln in good))
     tok = AutoTokenizer.from_pretrained(target)
-    rows = [r for r in _tokenized(tok, corpus.prompts(n, seed)) if r["id"] not in done]
+    limit = MAX_PROMPT[kind]
+    rows = [r for r in _tokenized(tok, set_prompts(kind, seed, n), limit) if r["id"] not in done]
     if not rows:
         return path
+    child = multiprocessing.get_context("spawn").Process(
+        target=_answer, args=(str(target), path, rows, seed, limit, progress)
+    )
+    child.start()
+    child.join()
+    if child.exitcode != 0:
+        raise RuntimeError(f"vLLM's answers for {path.name} failed (exit {child.exitcode})")
+    return path
+
+
+def _answer(
+    target: str, path: Path, rows: list[dict[str, Any]], seed: int, limit: int, progress: bool
+) -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "6")
     from vllm import LLM, SamplingParams
 
     llm = LLM(
-        model=str(target),
+        model=target,
         dtype="bfloat16",
-        max_model_len=MAX_PROMPT + ANSWER_TOKENS,
+        max_model_len=limit + ANSWER_TOKENS,
         max_num_seqs=BATCH,
         enforce_eager=True,
         seed=seed,
@@ -107,8 +149,6 @@ def generate_answers(target: Path, seed: int = 0, n: int = PROMPTS, progress: bo
                 file=sys.stderr,
                 flush=True,
             )
-    del llm
-    return path
 
 
 def _parses(line: str) -> bool:
@@ -123,12 +163,18 @@ def load_answers(path: Path) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
 
 
-def feature_dir(seed: int, n: int = PROMPTS) -> Path:
-    return WORK / f"features-{seed}-{n}-{ANSWER_TOKENS}"
+def feature_dir(seed: int, n: int = PROMPTS, kind: str = "mixed") -> Path:
+    prefix = "" if kind == "mixed" else f"{kind}-"
+    return WORK / f"features-{prefix}{seed}-{n}-{ANSWER_TOKENS}"
 
 
 def make_features(
-    target: Path, seed: int = 0, n: int = PROMPTS, threads: int = 2, progress: bool = True
+    target: Path,
+    seed: int = 0,
+    n: int = PROMPTS,
+    threads: int = 2,
+    progress: bool = True,
+    kind: str = "mixed",
 ) -> Path:
     """Per sequence, one teacher-forced pass of the target in bf16 (2.6x fp32's 400 tokens/s
     on 2 cores; vLLM runs the fp32 target on CPU, and the held-out evaluation feeds fp32): the
@@ -140,10 +186,10 @@ def make_features(
     torch.set_num_threads(threads)
     from transformers import AutoModelForCausalLM
 
-    rows = load_answers(answers_path(seed, n))
+    rows = load_answers(answers_path(seed, n, kind))
     rows.sort(key=lambda r: len(r["prompt_ids"]) + len(r["output_ids"]))
-    out = feature_dir(seed, n)
-    out.mkdir(parents=True, exist_ok=True)
+    out = feature_dir(seed, n, kind)
+    _shards_of(out, rows)
     batches: list[list[dict[str, Any]]] = [[]]
     for r in rows:
         L = len(r["prompt_ids"]) + len(r["output_ids"])
@@ -195,23 +241,40 @@ def make_features(
     return out
 
 
-def load_features(seed: int = 0, n: int = PROMPTS) -> list[dict[str, Any]]:
+def _shards_of(out: Path, rows: list[dict[str, Any]]) -> None:
+    """Ties ``out``'s shards to these answers: a shard's number only means something for the
+    answers it was cut from, so shards cut from other answers (an answers file that grew after
+    an interrupted run) are deleted, never mixed in. ``SOURCE`` holds the answers' digest."""
+    import hashlib
+
+    digest = hashlib.sha256(json.dumps([r["id"] for r in rows]).encode()).hexdigest()
+    source = out / "SOURCE"
+    if out.is_dir() and (not source.is_file() or source.read_text() != digest):
+        for shard in out.glob("*.pt"):
+            shard.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    source.write_text(digest)
+
+
+def load_features(seed: int = 0, n: int = PROMPTS, kind: str = "mixed") -> list[dict[str, Any]]:
     import torch
 
     data: list[dict[str, Any]] = []
-    for shard in sorted(feature_dir(seed, n).glob("*.pt")):
+    for shard in sorted(feature_dir(seed, n, kind).glob("*.pt")):
         data.extend(torch.load(shard))
     return data
 
 
 def main(argv: list[str]) -> None:
     target = sm.FAMILY_DIR / "target"
-    if argv[:1] == ["answers"]:
-        generate_answers(target)
-    elif argv[:1] == ["features"]:
-        make_features(target)
-    else:
-        raise SystemExit("usage: python -m harness.models.distill answers|features")
+    if argv[:1] not in (["answers"], ["features"]):
+        raise SystemExit("usage: python -m harness.models.distill answers|features [SET ...]")
+    for name in argv[1:] or SETS:
+        kind, seed, n = parse_set(name)
+        if argv[0] == "answers":
+            generate_answers(target, seed, n, kind=kind)
+        else:
+            make_features(target, seed, n, kind=kind)
 
 
 if __name__ == "__main__":

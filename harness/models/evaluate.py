@@ -21,15 +21,14 @@ from harness.models import smollm as sm
 
 def load_head(eagle3: Path, embed: Any) -> Any:
     """The assembled head (vLLM's checkpoint names) as ``harness.models.eagle3.Eagle3Head``."""
-    import torch
     from safetensors.torch import load_file
 
-    from harness.models.eagle3 import Eagle3Head, own_name
+    from harness.models.eagle3 import Eagle3Head
+    from harness.models.eagle3_checkpoint import own_name, vocab_of
 
     cfg = json.loads((eagle3 / "config.json").read_text())
     sd = load_file(str(eagle3 / "model.safetensors"))
-    d2t = sd.pop("d2t").to(torch.long)
-    vocab = torch.arange(len(d2t)) + d2t
+    vocab = vocab_of(sd.pop("d2t"))
     head = Eagle3Head(cfg, embed, vocab)
     own = {own_name(k): v.float() for k, v in sd.items() if k != "lm_head.weight"}
     head.load_state_dict(own, strict=True)

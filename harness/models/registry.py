@@ -237,6 +237,12 @@ def main(argv: list[str]) -> int:
     )
     b.add_argument("--threads", type=int, default=2, help="with --train: torch threads (default 2)")
     b.add_argument(
+        "--sets",
+        default=None,
+        help="with --train: comma-separated training sets KIND-SEED-PROMPTS (default: "
+        "harness.models.distill.SETS)",
+    )
+    b.add_argument(
         "--draft-seconds",
         type=float,
         default=None,
@@ -265,6 +271,14 @@ def main(argv: list[str]) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         return 0
+    if args.sets:
+        from harness.models.distill import parse_set
+
+        try:
+            [parse_set(name) for name in args.sets.split(",")]
+        except ValueError as e:
+            print(f"error: --sets: {e} (KIND-SEED-PROMPTS, e.g. mixed-1-2500)", file=sys.stderr)
+            return 2
     families = FAMILIES if args.family == "all" else (args.family,)
     for family in families:
         t0 = time.perf_counter()
@@ -283,6 +297,7 @@ def main(argv: list[str]) -> int:
                     more=args.more,
                     train_lm_head=args.train_lm_head,
                     peak_lr=args.lr,
+                    sets=tuple(args.sets.split(",")) if args.sets else None,
                 )
             smollm.assemble(force=args.force or args.train)
             print(f"smollm2 ready at {smollm.FAMILY_DIR} ({time.perf_counter() - t0:.0f} s)")

@@ -4,7 +4,7 @@ tiny target, so ``--spec eagle3`` and ``tune --spec-config`` run on the test pai
 
 Self-distillation as for SmolLM2: the target's own greedy continuations of windows of the tiny
 corpus (the Python standard library's training files) are the data; its residual stream after
-the aux layers (1, 2, 3: ``eagle3.aux_layers``) and its greedy next token at every position are
+the aux layers (1, 2, 3: ``eagle3_checkpoint.aux_layers``) and its greedy next token at every position are
 the features and labels. Fixed step count, seeded, one thread: a rebuild gives the same head.
 The directory is what vLLM loads as ``speculative_config.model`` (config.json and
 model.safetensors with the target's head rows as ``lm_head``: no assembly step).
@@ -87,7 +87,7 @@ def train_head(
     """(head, draft vocabulary, config, BUILD.json's ``eagle3`` record) for ``family/target``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from harness.models import eagle3
+    from harness.models import eagle3, eagle3_checkpoint
     from harness.models.data import draft_vocab
     from harness.models.optim import THREADS, torch_threads
     from harness.models.tiny_pair import corpus_files, encode_stream, read_texts
@@ -100,7 +100,7 @@ def train_head(
     _, train_files, held_files = corpus_files()
     train_files = train_files[::FILE_STRIDE][:max_files]  # max_files: a test's small build
     tcfg = model.config.to_dict()
-    layers = eagle3.aux_layers(tcfg["num_hidden_layers"])
+    layers = eagle3_checkpoint.aux_layers(tcfg["num_hidden_layers"])
     s = seed + SEED_OFFSET
     train_ids = encode_stream(tok, read_texts(train_files))
     data = sequences(model, _windows(train_ids, prompts, s), layers)
@@ -110,7 +110,7 @@ def train_head(
     vocab = draft_vocab(data, size, tcfg["vocab_size"])
     t_data = time.perf_counter() - t0
     head, info = eagle3.train(model, data, vocab, s, budget_s=0.0, steps=steps, layers=layers)
-    cfg = eagle3.head_config(tcfg, len(vocab), layers)
+    cfg = eagle3_checkpoint.head_config(tcfg, len(vocab), layers)
     n = sum(len(d["output_ids"]) for d in data)
     inside = sum(int(torch.isin(torch.tensor(d["output_ids"]), vocab).sum()) for d in data)
     record = {
@@ -149,11 +149,11 @@ def save(head: Any, vocab: Any, cfg: dict[str, Any], out: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
-    from harness.models import eagle3
+    from harness.models import eagle3_checkpoint
     from harness.models.smollm import write_json
 
     out.mkdir(parents=True, exist_ok=True)
-    sd = eagle3.state_dict(head, vocab)
+    sd = eagle3_checkpoint.state_dict(head, vocab)
     sd["lm_head.weight"] = head.lm_head.to(torch.float16).contiguous()
     save_file(dict(sorted(sd.items())), str(out / "model.safetensors"))
     (out / "model.safetensors").chmod(0o644)

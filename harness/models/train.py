@@ -1,9 +1,10 @@
 """Trains SmolLM2's speculators by self-distillation: the target's own greedy outputs are the
 labels (as in the EAGLE papers and in distilled drafts), so greedy acceptance is what improves.
 
-1. ``harness.models.corpus``: ~3,000 training prompts built here (open tasks from this
-   project's templates and topics, edits and summaries of CPython standard-library sources and
-   docstrings, arithmetic), never the prompts the harness evaluates on.
+1. ``harness.models.corpus``: the training prompts of ``distill.SETS``, built here (open tasks
+   from this project's templates and topics, edits and summaries of CPython standard-library
+   sources and docstrings, arithmetic, long sections of the Python reference), never the
+   prompts the harness evaluates on.
 2. ``harness.models.distill``: the target's greedy answers by in-process vLLM (batches of 256),
    then one teacher-forced pass per sequence for the concat of hidden states [2], [15], [27] at
    every position (what vLLM hands an EAGLE-3 head) and the target's greedy next token there.
@@ -158,7 +159,7 @@ def train_all(
     threads: int = 2,
     out: Path | None = None,
     draft_s: float | None = None,
-    prompts: int | None = None,
+    sets: tuple[str, ...] | None = None,
     more: bool = False,
     train_lm_head: bool = False,
     peak_lr: float | None = None,
@@ -168,7 +169,8 @@ def train_all(
     ``trained/``; then their offline first-position agreement with the target on the held-out
     default prompts (``harness.models.evaluate``); returns BUILD.json.
 
-    ``more``: the head starts from the committed one (``trained/eagle3.safetensors``, whose
+    ``sets``: the training sets (default ``distill.SETS``), each generated, featurized and
+    resumed on its own. ``more``: the head starts from the committed one (``trained/eagle3.safetensors``, whose
     BUILD.json stages are kept in ``eagle3.earlier_stages``) for ``epochs`` more passes, a warm
     restart of the learning rate; ``train_lm_head``: its lm_head rows train too (committed)."""
     import math
@@ -176,41 +178,50 @@ def train_all(
     import shutil
 
     from harness.models import distill, eagle3
+    from harness.models import eagle3_checkpoint as files
     from harness.models import evaluate as evaluation
 
     torch = _torch()
     torch.set_num_threads(threads)
-    n = prompts or distill.PROMPTS
+    sets = sets or distill.SETS
     t_all = time.perf_counter()
     sm.assemble()  # the target
     target = sm.FAMILY_DIR / "target"
-    t0 = time.perf_counter()
-    distill.generate_answers(target, seed, n, progress)
-    t_answers = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    distill.make_features(target, seed, n, threads, progress)
-    t_features = time.perf_counter() - t0
-    data = distill.load_features(seed, n)
+    data: list[dict[str, Any]] = []
+    per_set = {}
+    for name in sets:
+        kind, set_seed, n = distill.parse_set(name)
+        t0 = time.perf_counter()
+        distill.generate_answers(target, set_seed, n, progress, kind)
+        t_answers = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        distill.make_features(target, set_seed, n, threads, progress, kind)
+        part = distill.load_features(set_seed, n, kind)
+        per_set[name] = {
+            "sequences": len(part),
+            "prompt_tokens": sum(d["prompt_len"] for d in part),
+            "output_tokens": sum(len(d["output_ids"]) for d in part),
+            "max_prompt_tokens": distill.MAX_PROMPT[kind],
+            "answers_seconds": round(t_answers),
+            "features_seconds": round(time.perf_counter() - t0),
+        }
+        data += part
     model = load_target(target)
     torch.set_num_threads(threads)
-    from harness.models.eagle3 import saved_vocab
-
     init = sm.TRAINED_DIR / "eagle3.safetensors" if more else None
-    vocab = saved_vocab(init) if init else draft_vocab(data)  # more passes keep the head's
+    vocab = files.saved_vocab(init) if init else draft_vocab(data)  # more passes keep the head's
     outputs = [len(d["output_ids"]) for d in data]
     data_info = {
         "prompts": "harness/models/corpus.py (open tasks, CPython sources and docstrings, "
-        "arithmetic; none of Spec-Bench or the default workload)",
+        "arithmetic, Python reference sections; none of Spec-Bench or the default workload)",
+        "sets": per_set,
         "sequences": len(data),
         "prompt_tokens": sum(d["prompt_len"] for d in data),
         "output_tokens": sum(outputs),
         "answers_ended_by_eos": sum(1 for o in outputs if o < distill.ANSWER_TOKENS),
-        "max_prompt_tokens": distill.MAX_PROMPT,
         "max_new_tokens": distill.ANSWER_TOKENS,
         "answers": "vLLM 0.32 in-process, greedy, bf16, batches of 256",
         "features": "HF teacher-forced pass, bf16; labels the target's greedy next token",
-        "answers_seconds": round(t_answers),
-        "features_seconds": round(t_features),
         "held_out": "the default workload's prompts (workloads/data/default.jsonl)",
     }
     out = out or sm.TRAINED_DIR
@@ -221,7 +232,8 @@ def train_all(
     init_sha = sm.sha256_file(init) if init else ""
     tag = f"-after-{init_sha[:12]}" if init else ""
     tag += ("-lm_head" if train_lm_head else "") + (f"-lr{peak:g}" if peak_lr else "")
-    ckpt = distill.WORK / f"eagle3-{seed}-{n}-{steps}{tag}.ckpt"
+    sets_tag = "" if sets == ("mixed-0-3000",) else "-" + "+".join(sets)  # the first build's name
+    ckpt = distill.WORK / f"eagle3-{seed}-{distill.PROMPTS}{sets_tag}-{steps}{tag}.ckpt"
     earlier: list[dict[str, Any]] = []
     if init is not None:
         old_e = json.loads((sm.TRAINED_DIR / "BUILD.json").read_text()).get("eagle3", {})
@@ -247,7 +259,7 @@ def train_all(
         e_info["total_train_cpu_seconds"] = e_info["train_cpu_seconds"] + sum(
             st.get("train_cpu_seconds", 0) for st in earlier
         )
-    eagle3.save(head, vocab, out, eagle3.head_config(model.config.to_dict(), len(vocab)))
+    files.save(head, vocab, out, files.head_config(model.config.to_dict(), len(vocab)))
     del head
     if draft_s:
         draft, d_info = train_draft(model, data, vocab, seed, draft_s)
