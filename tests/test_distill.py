@@ -243,3 +243,25 @@ def test_features_never_mix_shards_cut_from_other_answers(
         assert torch.equal(
             s["ids"][: s["prompt_len"]], torch.tensor(rows[int(s["id"][1:])]["prompt_ids"])
         )
+
+
+def test_one_writer_per_set_and_answers_once_per_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second build writing the same set exits with one line (two at once appended every
+    answer twice); a file that holds an answer twice still loads it once, the first."""
+    import fcntl
+
+    monkeypatch.setattr(distill, "WORK", tmp_path)
+    path = distill.answers_path(1, 10)
+    rows = [{"id": "a", "output_ids": [1]}, {"id": "b", "output_ids": [2]}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows + [{"id": "a", "output_ids": [3]}]))
+    assert distill.load_answers(path) == rows
+    feats = str(distill.feature_dir(1, 10)) + ".lock"
+    with open(str(path) + ".lock", "w") as held, open(feats, "w") as held_too:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        fcntl.flock(held_too, fcntl.LOCK_EX)
+        with pytest.raises(SystemExit, match="another process is writing .*answers-1-10"):
+            distill.generate_answers(tmp_path / "no-model-needed", 1, 10, progress=False)
+        with pytest.raises(SystemExit, match="another process is writing .*features-1-10"):
+            distill.make_features(tmp_path / "no-model-needed", 1, 10, progress=False)

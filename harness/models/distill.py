@@ -13,11 +13,13 @@ Run from the project root (``python -m harness models build --train`` calls it):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,25 +97,42 @@ def generate_answers(
     from transformers import AutoTokenizer
 
     path = answers_path(seed, n, kind)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    done = _done_ids(path)
-    if path.is_file():  # drop a torn last line before appending
-        lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-        good = [ln for ln in lines if _parses(ln)]
-        path.write_text("".join(ln + "\n" for ln in good))
-    tok = AutoTokenizer.from_pretrained(target)
-    limit = MAX_PROMPT[kind]
-    rows = [r for r in _tokenized(tok, set_prompts(kind, seed, n), limit) if r["id"] not in done]
-    if not rows:
-        return path
-    child = multiprocessing.get_context("spawn").Process(
-        target=_answer, args=(str(target), path, rows, seed, limit, progress)
-    )
-    child.start()
-    child.join()
-    if child.exitcode != 0:
-        raise RuntimeError(f"vLLM's answers for {path.name} failed (exit {child.exitcode})")
+    with _sole_writer(path):
+        done = _done_ids(path)
+        if path.is_file():  # drop a torn last line before appending
+            lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+            good = [ln for ln in lines if _parses(ln)]
+            path.write_text("".join(ln + "\n" for ln in good))
+        tok = AutoTokenizer.from_pretrained(target)
+        limit = MAX_PROMPT[kind]
+        todo = _tokenized(tok, set_prompts(kind, seed, n), limit)
+        rows = [r for r in todo if r["id"] not in done]
+        if not rows:
+            return path
+        child = multiprocessing.get_context("spawn").Process(
+            target=_answer, args=(str(target), path, rows, seed, limit, progress)
+        )
+        child.start()
+        child.join()
+        if child.exitcode != 0:
+            raise RuntimeError(f"vLLM's answers for {path.name} failed (exit {child.exitcode})")
     return path
+
+
+@contextlib.contextmanager
+def _sole_writer(path: Path) -> Iterator[None]:
+    """One process at a time writes a set's answers or features (``path``'s lock file): two at
+    once appended every answer twice and cut shards from different answers. A second one
+    exits with a line saying so."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SystemExit(f"error: another process is writing {path}; wait for it") from None
+        yield
 
 
 def _answer(
@@ -160,7 +179,13 @@ def _parses(line: str) -> bool:
 
 
 def load_answers(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    """The answers, one per id (the first, should a file hold one twice)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for ln in path.read_text().splitlines():
+        if ln.strip():
+            r = json.loads(ln)
+            rows.setdefault(r["id"], r)
+    return list(rows.values())
 
 
 def feature_dir(seed: int, n: int = PROMPTS, kind: str = "mixed") -> Path:
@@ -181,6 +206,13 @@ def make_features(
     fp16 concat of hidden states ``EAGLE3_LAYERS`` at positions 0..T-2 (what vLLM hands the
     head) and ``labels``, the target's greedy token after each position (prompt positions
     included). Shards of about FEATURE_TOKENS tokens, skipped when present."""
+    with _sole_writer(feature_dir(seed, n, kind)):
+        return _make_features(target, seed, n, threads, progress, kind)
+
+
+def _make_features(
+    target: Path, seed: int, n: int, threads: int, progress: bool, kind: str
+) -> Path:
     import torch
 
     torch.set_num_threads(threads)
