@@ -275,3 +275,66 @@ def test_start_timeout_kills_the_whole_group(tmp_path: Path) -> None:
         asyncio.run(engine.start())
     leader, child = (int(p) for p in pids.read_text().split())
     assert not _alive(leader) and not _alive(child)
+
+
+def test_a_server_that_lost_its_port_starts_again_on_another(tmp_path: Path) -> None:
+    """The port is picked before the server binds it; a server that exits "Address already in
+    use" is started again on a new port (PORT_TRIES in all); any other exit is raised at once."""
+    from engines.servers import vllm_serve
+
+    starts = tmp_path / "starts"
+    lost_once = (
+        f'echo "$@" >> {starts}\n'
+        f'if [ $(wc -l < {starts}) -eq 1 ]; then echo "OSError: [Errno 98] Address already in use" >&2; exit 1; fi\n'
+        'echo "ValueError: something else" >&2\nexit 3\n'
+    )
+    cfg = EngineConfig(
+        engine="vllm-server", model="m", options={"python": _stand_in(tmp_path, lost_once)}
+    )
+    engine = VLLMServerEngine(cfg)
+    first = engine.port
+    with pytest.raises(EngineError, match="something else"):
+        asyncio.run(engine.start())
+    ports = [line.split("--port ")[1].split()[0] for line in starts.read_text().splitlines()]
+    assert ports[0] == str(first) and len(ports) == 2 and ports[1] == str(engine.port) != ports[0]
+    assert engine.describe()["port"] == engine.port and engine.process.pid is None
+
+    starts.unlink()
+    always = (
+        f'echo "$@" >> {starts}\necho "OSError: [Errno 98] Address already in use" >&2\nexit 1\n'
+    )
+    engine = VLLMServerEngine(replace(cfg, options={"python": _stand_in(tmp_path, always)}))
+    with pytest.raises(EngineError, match="Address already in use"):
+        asyncio.run(engine.start())
+    assert len(starts.read_text().splitlines()) == vllm_serve.PORT_TRIES
+
+
+@pytest.mark.slow
+def test_a_real_server_whose_port_was_taken_serves_on_another(
+    tiny_pair: tuple[str, str], tmp_path: Path
+) -> None:
+    """vLLM itself, its picked port held by a listener before it starts: it exits "Address
+    already in use" once and serves on the next port (a suite's parallel worker did this)."""
+    cfg = EngineConfig(
+        engine="vllm-server",
+        model=tiny_pair[0],
+        dtype="float32",
+        engine_args={"max_num_seqs": 2},
+        options={"log_path": str(tmp_path / "server.log")},
+    )
+    engine = VLLMServerEngine(cfg)
+    taken = engine.port
+
+    async def serve() -> list[Chunk]:
+        await engine.start()
+        try:
+            return await _collect(engine, Request(id="0", prompt=PROMPTS[0]))
+        finally:
+            await engine.close()
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", taken))
+        holder.listen()
+        chunks = asyncio.run(serve())
+    assert len(_ids(chunks)) == N and engine.port != taken
+    assert (tmp_path / "server.log").read_text().lower().count("address already in use") >= 1

@@ -73,6 +73,7 @@ class ServerProcess:
         self.log_path = log_path  # a temp file at start() when None
         self.kill_grace = kill_grace
         self.proc: subprocess.Popen[bytes] | None = None
+        self.log_offset = 0  # where the last start's lines begin in the log
 
     @property
     def pid(self) -> int | None:
@@ -86,6 +87,7 @@ class ServerProcess:
             os.close(fd)
         Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
+            self.log_offset = log.tell()  # where this start's lines begin (a log is appended)
             log.write(("$ " + " ".join(self.argv) + "\n").encode())
             log.flush()
             self.proc = subprocess.Popen(
@@ -98,6 +100,14 @@ class ServerProcess:
                 preexec_fn=die_with_parent,
             )
         atexit.register(self.kill_now)
+
+    def this_start_log(self) -> str:
+        """What the server wrote to its log since the last ``start()``."""
+        if not self.log_path:
+            return ""
+        with open(self.log_path, "rb") as f:
+            f.seek(self.log_offset)
+            return f.read().decode(errors="replace")
 
     def log_tail(self, n: int = 20) -> str:
         """The last ``n`` lines of the server's log (for error messages)."""

@@ -56,6 +56,8 @@ OPENAI_PASSTHROUGH = (
 )  # fmt: skip
 VERSION_SHIM = str(Path(__file__).with_name("_vllm_version"))
 SECRET_FLAGS = ("--api-key",)
+PORT_TAKEN = "address already in use"  # vLLM's OSError, uvicorn's bind error: lower-cased
+PORT_TRIES = 3
 
 
 def _installed(dist: str) -> bool:
@@ -128,7 +130,8 @@ class VLLMServerEngine(VLLMServerFlags, Engine):
         self.cpu = config.device == "cpu" or (config.device == "auto" and is_cpu_build())
         self.port = free_port()
         self.defaults = self._defaults()
-        self.argv = self._argv(str(opts.get("python") or sys.executable))
+        self.python = str(opts.get("python") or sys.executable)
+        self.argv = self._argv(self.python)
         self.process = ServerProcess(
             self.name, self.argv, self.port, opts.get("log_path"), float(opts.get("kill_grace", 10))
         )
@@ -168,10 +171,24 @@ class VLLMServerEngine(VLLMServerFlags, Engine):
         return env
 
     async def start(self) -> None:
+        """Start the server and wait until it serves. The free port was picked at construction
+        and another process can take it before the server binds (other servers' own ports, a
+        parallel test): then the server exits "Address already in use", and it is started
+        again on a new port, up to PORT_TRIES times."""
         warn_version()
-        self.process.start(self._env())
         try:
-            await asyncio.wait_for(self.process.wait_healthy(), self.start_timeout)
+            for attempt in range(1, PORT_TRIES + 1):
+                self.process.start(self._env())
+                try:
+                    await asyncio.wait_for(self.process.wait_healthy(), self.start_timeout)
+                    break
+                except EngineError:
+                    lost = PORT_TAKEN in self.process.this_start_log()[-2000:].lower()
+                    if attempt == PORT_TRIES or not lost:
+                        raise
+                    await self.process.stop()
+                    self.port = self.process.port = free_port()
+                    self.argv = self.process.argv = self._argv(self.python)
             self.inner = OpenAIEngine(self._inner_config(self.config, self.base_url))
             await self.inner.start()
             self.kv_block_size = await self._kv_block_size()
