@@ -44,9 +44,13 @@ def parse_set(name: str) -> tuple[str, int, int]:
     return parts[0], int(parts[1]), int(parts[2])
 
 
+def _stem(seed: int, n: int, kind: str) -> str:
+    """A set's file stem: mixed sets keep the names the first build's files had."""
+    return f"{'' if kind == 'mixed' else kind + '-'}{seed}-{n}-{ANSWER_TOKENS}"
+
+
 def answers_path(seed: int, n: int = PROMPTS, kind: str = "mixed") -> Path:
-    prefix = "" if kind == "mixed" else f"{kind}-"  # the first set's files keep their names
-    return WORK / f"answers-{prefix}{seed}-{n}-{ANSWER_TOKENS}.jsonl"
+    return WORK / f"answers-{_stem(seed, n, kind)}.jsonl"
 
 
 def set_prompts(kind: str, seed: int, n: int) -> list[dict[str, Any]]:
@@ -189,8 +193,7 @@ def load_answers(path: Path) -> list[dict[str, Any]]:
 
 
 def feature_dir(seed: int, n: int = PROMPTS, kind: str = "mixed") -> Path:
-    prefix = "" if kind == "mixed" else f"{kind}-"
-    return WORK / f"features-{prefix}{seed}-{n}-{ANSWER_TOKENS}"
+    return WORK / f"features-{_stem(seed, n, kind)}"
 
 
 def make_features(
