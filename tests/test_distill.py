@@ -77,6 +77,10 @@ def test_a_bad_training_set_name_is_one_line_and_exit_2(
     assert models.main(["build", "--train", "--sets", f"mixed-0-3000,{bad}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--sets" in err[0] and repr(bad) in err[0], err
+    with pytest.raises(SystemExit) as done:  # the developer command the same way
+        distill.main(["answers", "mixed-0-3000", bad])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert done.value.code == 2 and len(err) == 1 and repr(bad) in err[0], err
 
 
 def _tiny_data() -> tuple[Any, list[dict[str, Any]], Any, tuple[int, ...]]:

@@ -304,8 +304,12 @@ def main(argv: list[str]) -> None:
     target = sm.FAMILY_DIR / "target"
     if argv[:1] not in (["answers"], ["features"]):
         raise SystemExit("usage: python -m harness.models.distill answers|features [SET ...]")
-    for name in argv[1:] or SETS:
-        kind, seed, n = parse_set(name)
+    try:
+        todo = [parse_set(name) for name in argv[1:] or SETS]
+    except ValueError as e:
+        print(f"distill: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    for kind, seed, n in todo:
         if argv[0] == "answers":
             generate_answers(target, seed, n, kind=kind)
         else:
