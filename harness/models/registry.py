@@ -218,7 +218,8 @@ def main(argv: list[str]) -> int:
         "--epochs",
         type=float,
         default=1.0,
-        help="with --train: passes of the EAGLE-3 head over the training sequences (default 1)",
+        help="with --train: passes of the EAGLE-3 head over the training sequences (default 1; "
+        "0 keeps the committed head, e.g. to retrain only the draft with --draft-seconds)",
     )
     b.add_argument(
         "--more",

@@ -152,6 +152,20 @@ def save_draft(draft: Any, out: Path) -> None:
     sm.write_json(out / "draft_config.json", cfg)
 
 
+def _train_head(model: Any, data: list[dict[str, Any]], vocab: Any, seed: int, steps: int,
+                ckpt: Path, progress: bool, init: Path | None, train_lm_head: bool, peak: float,
+                out: Path) -> dict[str, Any]:  # fmt: skip
+    """The EAGLE-3 head's ``steps`` (``harness.models.eagle3.train``), saved into ``out``."""
+    from harness.models import eagle3
+    from harness.models import eagle3_checkpoint as files
+
+    head, info = eagle3.train(model, data, vocab, seed, float("inf"), steps=steps,
+                              checkpoint=ckpt, progress=progress, init=init,
+                              train_lm_head=train_lm_head, peak_lr=peak)  # fmt: skip
+    files.save(head, vocab, out, files.head_config(model.config.to_dict(), len(vocab)))
+    return info
+
+
 def train_all(
     seed: int = 0,
     progress: bool = True,
@@ -209,7 +223,9 @@ def train_all(
     model = load_target(target)
     torch.set_num_threads(threads)
     init = sm.TRAINED_DIR / "eagle3.safetensors" if more else None
-    vocab = files.saved_vocab(init) if init else draft_vocab(data)  # more passes keep the head's
+    keep_head = epochs == 0  # the committed head stays (only the draft retrains)
+    committed = sm.TRAINED_DIR / "eagle3.safetensors"
+    vocab = files.saved_vocab(committed) if init or keep_head else draft_vocab(data)
     outputs = [len(d["output_ids"]) for d in data]
     data_info = {
         "prompts": "harness/models/corpus.py (open tasks, CPython sources and docstrings, "
@@ -235,32 +251,27 @@ def train_all(
     sets_tag = "" if sets == ("mixed-0-3000",) else "-" + "+".join(sets)  # the first build's name
     ckpt = distill.WORK / f"eagle3-{seed}-{distill.PROMPTS}{sets_tag}-{steps}{tag}.ckpt"
     earlier: list[dict[str, Any]] = []
-    if init is not None:
+    old_e: dict[str, Any] = {}
+    if init is not None or keep_head:
         old_e = json.loads((sm.TRAINED_DIR / "BUILD.json").read_text()).get("eagle3", {})
-        earlier = old_e.pop("earlier_stages", []) + [old_e]
-    head, e_info = eagle3.train(
-        model,
-        data,
-        vocab,
-        seed,
-        float("inf"),
-        steps=steps,
-        checkpoint=ckpt,
-        progress=progress,
-        init=init,
-        train_lm_head=train_lm_head,
-        peak_lr=peak,
-    )
-    e_info["epochs"] = epochs
     if init is not None:
-        e_info["started_from"] = f"the committed head, sha256 {init_sha}"
-        e_info["earlier_stages"] = earlier
-        e_info["total_epochs"] = epochs + sum(st.get("epochs", 0) for st in earlier)
-        e_info["total_train_cpu_seconds"] = e_info["train_cpu_seconds"] + sum(
-            st.get("train_cpu_seconds", 0) for st in earlier
-        )
-    files.save(head, vocab, out, files.head_config(model.config.to_dict(), len(vocab)))
-    del head
+        earlier = old_e.pop("earlier_stages", []) + [old_e]
+    if keep_head:
+        for f in ("eagle3.safetensors", "eagle3_config.json"):
+            if out != sm.TRAINED_DIR:
+                shutil.copy2(sm.TRAINED_DIR / f, out / f)
+        e_info = {**old_e, "kept": "the committed head (not retrained)"}
+    else:
+        e_info = _train_head(model, data, vocab, seed, steps, ckpt, progress, init,
+                             train_lm_head, peak, out)  # fmt: skip
+        e_info["epochs"] = epochs
+        if init is not None:
+            e_info["started_from"] = f"the committed head, sha256 {init_sha}"
+            e_info["earlier_stages"] = earlier
+            e_info["total_epochs"] = epochs + sum(st.get("epochs", 0) for st in earlier)
+            e_info["total_train_cpu_seconds"] = e_info["train_cpu_seconds"] + sum(
+                st.get("train_cpu_seconds", 0) for st in earlier
+            )
     if draft_s:
         draft, d_info = train_draft(model, data, vocab, seed, draft_s)
         save_draft(draft, out)
