@@ -269,3 +269,18 @@ def test_one_writer_per_set_and_answers_once_per_id(
             distill.generate_answers(tmp_path / "no-model-needed", 1, 10, progress=False)
         with pytest.raises(SystemExit, match="another process is writing .*features-1-10"):
             distill.make_features(tmp_path / "no-model-needed", 1, 10, progress=False)
+
+
+def test_the_draft_trains_on_the_threads_train_all_set() -> None:
+    """train_all sets --threads once; the draft's steps used to cap torch back to one thread."""
+    import torch
+
+    from harness.models import train
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        train._torch()
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

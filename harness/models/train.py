@@ -31,8 +31,16 @@ from typing import Any
 
 from harness.models import smollm as sm
 from harness.models.data import draft_vocab, load_target
-from harness.models.optim import lr_at, optimizer_step, split
-from harness.models.optim import torch_threads as _torch
+from harness.models.optim import lr_at, optimizer_step, split, torch_threads
+
+
+def _torch() -> Any:
+    """torch as ``train_all`` set it: ``--threads`` (``torch_threads`` caps every call at one,
+    which ran the draft's steps on one thread whatever ``--threads`` said)."""
+    import torch
+
+    return torch
+
 
 DRAFT_LAYERS = sm.DRAFT_LAYERS
 DRAFT_LR = 5e-4
@@ -128,6 +136,7 @@ def train_draft(
         "layers_from_target": list(DRAFT_LAYERS),
         "steps": step,
         "train_cpu_seconds": round(time.process_time() - t0),
+        "torch_threads": torch.get_num_threads(),
         "val_sequences": len(val),
         "top1_agreement_before": round(before, 4),
         "top1_agreement_after": round(after, 4),
@@ -195,7 +204,7 @@ def train_all(
     from harness.models import eagle3_checkpoint as files
     from harness.models import evaluate as evaluation
 
-    torch = _torch()
+    torch = torch_threads()
     torch.set_num_threads(threads)
     sets = sets or distill.SETS
     t_all = time.perf_counter()
