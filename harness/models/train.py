@@ -175,6 +175,16 @@ def _train_head(model: Any, data: list[dict[str, Any]], vocab: Any, seed: int, s
     return info
 
 
+def _keep_committed(out: Path, names: tuple[str, ...]) -> None:
+    """A speculator not retrained: its committed files into ``out`` (nothing where it is
+    ``trained/`` itself)."""
+    import shutil
+
+    if out != sm.TRAINED_DIR:
+        for f in names:
+            shutil.copy2(sm.TRAINED_DIR / f, out / f)
+
+
 def train_all(
     seed: int = 0,
     progress: bool = True,
@@ -198,7 +208,6 @@ def train_all(
     restart of the learning rate; ``train_lm_head``: its lm_head rows train too (committed)."""
     import math
     import resource
-    import shutil
 
     from harness.models import distill, eagle3
     from harness.models import eagle3_checkpoint as files
@@ -231,9 +240,9 @@ def train_all(
         data += part
     model = load_target(target)
     torch.set_num_threads(threads)
-    init = sm.TRAINED_DIR / "eagle3.safetensors" if more else None
-    keep_head = epochs == 0  # the committed head stays (only the draft retrains)
     committed = sm.TRAINED_DIR / "eagle3.safetensors"
+    init = committed if more else None
+    keep_head = epochs == 0  # the committed head stays (only the draft retrains)
     vocab = files.saved_vocab(committed) if init or keep_head else draft_vocab(data)
     outputs = [len(d["output_ids"]) for d in data]
     data_info = {
@@ -259,17 +268,15 @@ def train_all(
     tag += ("-lm_head" if train_lm_head else "") + (f"-lr{peak:g}" if peak_lr else "")
     sets_tag = "" if sets == ("mixed-0-3000",) else "-" + "+".join(sets)  # the first build's name
     ckpt = distill.WORK / f"eagle3-{seed}-{distill.PROMPTS}{sets_tag}-{steps}{tag}.ckpt"
+    build = sm.TRAINED_DIR / "BUILD.json"  # the committed speculators' record
+    old = json.loads(build.read_text()) if build.is_file() else {}
+    old_e = dict(old.get("eagle3", {}))
     earlier: list[dict[str, Any]] = []
-    old_e: dict[str, Any] = {}
-    if init is not None or keep_head:
-        old_e = json.loads((sm.TRAINED_DIR / "BUILD.json").read_text()).get("eagle3", {})
     if init is not None:
         earlier = old_e.pop("earlier_stages", []) + [old_e]
     if keep_head:
-        for f in ("eagle3.safetensors", "eagle3_config.json"):
-            if out != sm.TRAINED_DIR:
-                shutil.copy2(sm.TRAINED_DIR / f, out / f)
-        e_info = {**old_e, "kept": "the committed head (not retrained)"}
+        _keep_committed(out, ("eagle3.safetensors", "eagle3_config.json"))
+        e_info = {**old.get("eagle3", {}), "kept": "the committed head (not retrained)"}
     else:
         e_info = _train_head(model, data, vocab, seed, steps, ckpt, progress, init,
                              train_lm_head, peak, out)  # fmt: skip
@@ -286,10 +293,7 @@ def train_all(
         save_draft(draft, out)
         del draft
     else:
-        for f in ("draft.safetensors", "draft_config.json"):
-            if out != sm.TRAINED_DIR:
-                shutil.copy2(sm.TRAINED_DIR / f, out / f)
-        old = json.loads((sm.TRAINED_DIR / "BUILD.json").read_text())
+        _keep_committed(out, ("draft.safetensors", "draft_config.json"))
         d_info = {**old.get("draft_model", {}), "kept": "the committed draft (not retrained)"}
     del data
     with tempfile.TemporaryDirectory() as tmp:  # what models build assembles from ``out``
