@@ -284,3 +284,21 @@ def test_the_draft_trains_on_the_threads_train_all_set() -> None:
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_build_json_says_when_each_speculator_was_made() -> None:
+    """BUILD.json's made_on: the build's own line, on every speculator it trained; one it
+    kept keeps the line of the build that made it (a hand edit put them back before)."""
+    from harness.models import train
+
+    line = train.made_on(0.0, 3600.0 * 1.5, "python -m harness models build --train")
+    assert line.startswith("1970-01-01 00:00-01:30 UTC on ")
+    assert line.endswith("`python -m harness models build --train`")
+    head = {"steps": 10}
+    draft = {"steps": 5, "made_on": "the old draft's line", "kept": "the committed draft"}
+    older = {"steps": 3, "kept": "the committed head"}  # a BUILD.json from before the lines
+    train.stamp((head, draft, older), line, "the old build's line")
+    assert head["made_on"] == line
+    assert draft["made_on"] == "the old draft's line"
+    assert older["made_on"] == "the old build's line"
+    assert "held_out_first_position_agreement" in train.METRIC

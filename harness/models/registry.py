@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import sys
 import tempfile
@@ -299,6 +300,7 @@ def main(argv: list[str]) -> int:
                     train_lm_head=args.train_lm_head,
                     peak_lr=args.lr,
                     sets=tuple(args.sets.split(",")) if args.sets else None,
+                    command=shlex.join(["python", "-m", "harness", "models", *argv]),
                 )
             smollm.assemble(force=args.force or args.train)
             print(f"smollm2 ready at {smollm.FAMILY_DIR} ({time.perf_counter() - t0:.0f} s)")

@@ -23,6 +23,8 @@ Writes ``trained/`` (fp16 weights, configs, BUILD.json).
 from __future__ import annotations
 
 import json
+import os
+import platform
 import random
 import tempfile
 import time
@@ -44,6 +46,33 @@ def _torch() -> Any:
 
 DRAFT_LAYERS = sm.DRAFT_LAYERS
 DRAFT_LR = 5e-4
+METRIC = (
+    "top1_agreement_per_step: teacher-forced share of the target's greedy tokens predicted "
+    "top-1 per step of the 3-step unroll, on the validation sequences of the training sets "
+    "(val_sequences); held_out_first_position_agreement: draft position 1 on the default "
+    "workload's 4 prompts x 64 tokens, fed as vLLM feeds the assembled speculators "
+    "(harness/models/evaluate.py); held_out_alpha_at_k1: vLLM's alpha of the head at K 1 on the "
+    "same tokens (a draft after every target pass, harness/models/evaluate.py)"
+)
+
+
+def stamp(entries: tuple[dict[str, Any], ...], made: str, before: str) -> None:
+    """Each speculator's ``made_on``: this build's line where it trained, and where it was
+    kept, its own (or, from a BUILD.json older than these lines, that build's ``before``)."""
+    for entry in entries:
+        if "kept" in entry:
+            entry.setdefault("made_on", before)
+        else:
+            entry["made_on"] = made
+
+
+def made_on(start: float, end: float, command: str) -> str:
+    """BUILD.json's line on a stage: when (UTC), on what machine, by which command."""
+    day = time.strftime("%Y-%m-%d %H:%M", time.gmtime(start))
+    return (
+        f"{day}-{time.strftime('%H:%M', time.gmtime(end))} UTC on {os.cpu_count()} cores "
+        f"({platform.machine()}): `{command}`"
+    )
 
 
 # ---- the draft model ----------------------------------------------------------------------------
@@ -196,6 +225,7 @@ def train_all(
     more: bool = False,
     train_lm_head: bool = False,
     peak_lr: float | None = None,
+    command: str = "python -m harness models build --train",
 ) -> dict[str, Any]:
     """Answers, features, the EAGLE-3 head (``epochs`` passes over the training sequences) and,
     given ``draft_s`` CPU seconds, the draft (else the committed draft stays), into
@@ -205,7 +235,9 @@ def train_all(
     ``sets``: the training sets (default ``distill.SETS``), each generated, featurized and
     resumed on its own. ``more``: the head starts from the committed one (``trained/eagle3.safetensors``, whose
     BUILD.json stages are kept in ``eagle3.earlier_stages``) for ``epochs`` more passes, a warm
-    restart of the learning rate; ``train_lm_head``: its lm_head rows train too (committed)."""
+    restart of the learning rate; ``train_lm_head``: its lm_head rows train too (committed).
+    ``command``: what ran it, for the ``made_on`` lines (the build's and each retrained
+    speculator's; a kept one keeps its own)."""
     import math
     import resource
 
@@ -216,7 +248,7 @@ def train_all(
     torch = torch_threads()
     torch.set_num_threads(threads)
     sets = sets or distill.SETS
-    t_all = time.perf_counter()
+    t_all, started = time.perf_counter(), time.time()
     sm.assemble()  # the target
     target = sm.FAMILY_DIR / "target"
     data: list[dict[str, Any]] = []
@@ -301,6 +333,8 @@ def train_all(
         sm.assemble_eagle3(Path(tmp) / "eagle3", target, out)
         held = evaluation.evaluate(target, Path(tmp) / "draft", Path(tmp) / "eagle3")
     usage = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    made = made_on(started, time.time(), command)
+    stamp((e_info, d_info), made, old.get("made_on", ""))
     info = {
         "seed": seed,
         "wheel": sm.WHEEL,
@@ -313,6 +347,8 @@ def train_all(
         "total_seconds": round(time.perf_counter() - t_all),
         "total_cpu_seconds": round(sum(u.ru_utime + u.ru_stime for u in usage)),
         "torch_threads": threads,
+        "made_on": made,
+        "metric": METRIC,
     }
     sm.write_json(out / "BUILD.json", info)
     return info
