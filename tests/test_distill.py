@@ -302,3 +302,16 @@ def test_build_json_says_when_each_speculator_was_made() -> None:
     assert draft["made_on"] == "the old draft's line"
     assert older["made_on"] == "the old build's line"
     assert "held_out_first_position_agreement" in train.METRIC
+
+
+def test_an_interrupted_answers_file_resumes_after_its_whole_lines(tmp_path: Path) -> None:
+    """A run killed mid-write leaves a torn last line: it is dropped, so the next answers
+    append after whole lines (appending after it made one unreadable line of two)."""
+    path = tmp_path / "answers.jsonl"
+    rows = [{"id": "a", "output_ids": [1]}, {"id": "b", "output_ids": [2]}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"id": "c", "outp')
+    assert distill._done_ids(path) == {"a", "b"}
+    with path.open("a") as f:
+        f.write(json.dumps({"id": "c", "output_ids": [3]}) + "\n")
+    assert [r["id"] for r in distill.load_answers(path)] == ["a", "b", "c"]
+    assert distill._done_ids(tmp_path / "none.jsonl") == set()

@@ -32,7 +32,7 @@ MAX_PROMPT = {"mixed": 384, "long": 1024}  # prompt tokens at most, per kind of 
 BATCH = 256  # prompts per vLLM call: one JSONL flush each
 FEATURE_TOKENS = 6144  # tokens per teacher-forced HF batch
 # The build's training sets, "kind-seed-prompts": corpus.prompts (mixed; a seed > 0 drops the
-# prompts of the lower seeds' sets) and corpus.long_prompts (long).
+# lower seeds' prompts: ``set_prompts``) and corpus.long_prompts (long).
 SETS = ("mixed-0-3000", "mixed-1-2500", "long-0-524")
 
 
@@ -54,7 +54,9 @@ def answers_path(seed: int, n: int = PROMPTS, kind: str = "mixed") -> Path:
 
 
 def set_prompts(kind: str, seed: int, n: int) -> list[dict[str, Any]]:
-    """The prompts of one training set: ids unique across sets."""
+    """The prompts of one training set, ids unique across sets: a mixed set of seed s > 0
+    drops the prompts of ``corpus.prompts(PROMPTS, s')`` for every s' < s (the lower seeds'
+    sets at the full PROMPTS, whatever size they were built at)."""
     from harness.models import corpus
 
     if kind == "long":
@@ -67,15 +69,15 @@ def set_prompts(kind: str, seed: int, n: int) -> list[dict[str, Any]]:
 
 
 def _done_ids(path: Path) -> set[str]:
+    """The ids answered in ``path``, read once; a line that does not parse (a torn last line
+    of an interrupted run) is dropped from the file, so appending goes on after whole lines."""
     if not path.is_file():
         return set()
-    done = set()
-    for line in path.read_text().splitlines():
-        try:
-            done.add(json.loads(line)["id"])
-        except (ValueError, KeyError):
-            break  # a torn last line: rewritten below
-    return done
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    good = [ln for ln in lines if _parses(ln)]
+    if len(good) < len(lines):
+        path.write_text("".join(ln + "\n" for ln in good))
+    return {json.loads(ln)["id"] for ln in good}
 
 
 def _tokenized(tok: Any, rows: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
@@ -103,10 +105,6 @@ def generate_answers(
     path = answers_path(seed, n, kind)
     with _sole_writer(path):
         done = _done_ids(path)
-        if path.is_file():  # drop a torn last line before appending
-            lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-            good = [ln for ln in lines if _parses(ln)]
-            path.write_text("".join(ln + "\n" for ln in good))
         tok = AutoTokenizer.from_pretrained(target)
         limit = MAX_PROMPT[kind]
         todo = _tokenized(tok, set_prompts(kind, seed, n), limit)
