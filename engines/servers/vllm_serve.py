@@ -128,14 +128,22 @@ class VLLMServerEngine(VLLMServerFlags, Engine):
         opts = config.options
         self.start_timeout = float(opts.get("start_timeout", 300))
         self.cpu = config.device == "cpu" or (config.device == "auto" and is_cpu_build())
-        self.port = free_port()
         self.defaults = self._defaults()
         self.python = str(opts.get("python") or sys.executable)
-        self.argv = self._argv(self.python)
         self.process = ServerProcess(
-            self.name, self.argv, self.port, opts.get("log_path"), float(opts.get("kill_grace", 10))
+            self.name, [], free_port(), opts.get("log_path"), float(opts.get("kill_grace", 10))
         )
+        self.process.argv = self._argv(self.python)  # the command line names the port
         self.inner: OpenAIEngine | None = None
+
+    @property
+    def port(self) -> int:
+        """The server's port: its process holds it (a restart moves both, ``start``)."""
+        return self.process.port
+
+    @property
+    def argv(self) -> list[str]:
+        return self.process.argv
 
     # ---- protocol --------------------------------------------------------------------------
     @classmethod
@@ -187,8 +195,8 @@ class VLLMServerEngine(VLLMServerFlags, Engine):
                     if attempt == PORT_TRIES or not lost:
                         raise
                     await self.process.stop()
-                    self.port = self.process.port = free_port()
-                    self.argv = self.process.argv = self._argv(self.python)
+                    self.process.port = free_port()
+                    self.process.argv = self._argv(self.python)
             self.inner = OpenAIEngine(self._inner_config(self.config, self.base_url))
             await self.inner.start()
             self.kv_block_size = await self._kv_block_size()
