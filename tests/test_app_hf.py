@@ -239,7 +239,9 @@ def test_sigint_keeps_finished_records_and_resume_finishes(tmp_path, tiny_pair):
     assert res["status"].startswith("interrupted")
     kept = [r for run in res["runs"] for r in run["records"] if r["ok"]]
     assert len(kept) >= 3
-    assert not [p for p in psutil.Process(os.getpid()).children(recursive=True) if p.pid not in before]
+    assert not [
+        p for p in psutil.Process(os.getpid()).children(recursive=True) if p.pid not in before
+    ]
     # resume: the interrupted cell is run again, nothing finished is redone
     done = harness(*args[:-3], "--resume", str(out), "--quiet")
     assert done.returncode == 0, done.stderr[-2000:]

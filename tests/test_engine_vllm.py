@@ -360,7 +360,9 @@ def test_a_draft_path_vllm_would_read_as_an_eagle_head_is_refused(pair, tmp_path
     from engines.servers.vllm_serve import VLLMServerEngine  # vllm serve reads it the same way
 
     with pytest.raises(EngineError, match="contains 'eagle-'"):
-        VLLMServerEngine.validate(EngineConfig(engine="vllm-server", model=pair[0], spec_config=spec))
+        VLLMServerEngine.validate(
+            EngineConfig(engine="vllm-server", model=pair[0], spec_config=spec)
+        )
     spec["model"] = pair[1]
     VLLMEngine.validate(EngineConfig(engine="vllm", model=pair[0], spec_config=spec))
 

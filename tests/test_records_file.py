@@ -43,7 +43,9 @@ def test_records_round_trip_through_the_file(tmp_path: Path) -> None:
 
 
 def test_a_new_directory_reports_compares_and_resumes(
-    instant: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]  # noqa: F811
+    instant: None,  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     out = tmp_path / "run"
     args = [*RUN, "--repeats", "1", "--output-dir", str(out)]
@@ -64,7 +66,9 @@ def test_a_new_directory_reports_compares_and_resumes(
     assert cmp.returncode == 0, cmp.stderr
     joined = json.loads((tmp_path / "joined.json").read_text())
     assert [len(r["records"]) for r in joined["runs"]] == [14, 14, 12, 12, 12, 12]
-    assert run_harness(["report", str(tmp_path / "joined.json"), "--no-plots"], capsys).returncode == 0
+    assert (
+        run_harness(["report", str(tmp_path / "joined.json"), "--no-plots"], capsys).returncode == 0
+    )
 
     # --resume of the compacted journal: repeat 0 read back from the records file, 1 runs
     again = [*RUN, "--repeats", "2", "--resume", str(out)]

@@ -210,7 +210,9 @@ def test_capacity_search_with_a_client_that_cannot_keep_up() -> None:
             strategy = Poisson(rate, seed=b, max_concurrency=1)
             clock = DeadlineClock()
             reqs = [Request(f"{b}-{i}", "x") for i in range(200)]
-            engine = ScriptedEngine(clock, {r.id: [(0.02, 1), (0.001, 1), (0.001, 1)] for r in reqs})
+            engine = ScriptedEngine(
+                clock, {r.id: [(0.02, 1), (0.001, 1), (0.001, 1)] for r in reqs}
+            )
             runner = Runner(engine, clock=clock, sleep=clock.sleep)
             records = asyncio.run(runner.run(reqs, GenParams(), strategy, duration=0.6))
             cell = Cell("scripted", "baseline", "throughput", strategy.to_json(), 3, b, "w")
@@ -352,6 +354,8 @@ def test_the_deciding_e2e_is_from_the_schedule_in_comparisons_and_capacity_alike
     probes = {r.cell.label: probe_entry(r, {"e2e": 1000.0}, 0.9) for r in runs[:2]}
     ratio = probes["baseline"]["quantiles_s"]["e2e"] / probes["x"]["quantiles_s"]["e2e"]
     assert math.isclose(ratio, e2e["estimate"], rel_tol=0.05)
-    closed = [run(label, b, q, False) for b in range(3) for label, q in (("baseline", 0), ("x", 0.1))]
+    closed = [
+        run(label, b, q, False) for b in range(3) for label, q in (("baseline", 0), ("x", 0.1))
+    ]
     (e2e,) = [c for c in comparisons(closed) if c["metric"] == "e2e"]
     assert e2e["estimate"] == pytest.approx(1.0)

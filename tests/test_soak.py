@@ -92,6 +92,8 @@ def test_cost_per_request_does_not_grow_with_the_run(instant: None, tmp_path: Pa
     long = _cpu_per_request(LONG, tmp_path / "long", capsys)
     after = _cpu_per_request(SHORT, tmp_path / "short2", capsys)
     short = (before + after) / 2
-    said = f"{before * 1e6:.0f}, {long * 1e6:.0f}, {after * 1e6:.0f} us a request (short, long, short)"
+    said = (
+        f"{before * 1e6:.0f}, {long * 1e6:.0f}, {after * 1e6:.0f} us a request (short, long, short)"
+    )
     print(f"CPU per request: {said}")
     assert long / short <= BOUND, f"{long / short:.2f}x at {LONG} as at {SHORT}: {said}"

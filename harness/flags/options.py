@@ -63,15 +63,11 @@ def goodput(items: Sequence[str] | None, flag: str = "--goodput") -> dict[str, f
         name, sep, ms = item.partition(":")
         name = "e2e" if name == "e2el" else name  # vllm bench serve's name
         if not sep or name not in ("ttft", "tpot", "e2e"):
-            raise UsageError(
-                f"{flag}: expected ttft:MS, tpot:MS or e2el:MS (e2e:MS), got {item!r}"
-            )
+            raise UsageError(f"{flag}: expected ttft:MS, tpot:MS or e2el:MS (e2e:MS), got {item!r}")
         try:
             out[name] = float(ms)
         except ValueError:
-            raise UsageError(
-                f"{flag}: {item!r}: {ms!r} is not a number of milliseconds"
-            ) from None
+            raise UsageError(f"{flag}: {item!r}: {ms!r} is not a number of milliseconds") from None
     return out
 
 

@@ -128,7 +128,10 @@ def warning_line(w: Mapping[str, Any], lengths: int = 1) -> str:
             "send times across hosts are only that precise"
         )
     if kind == "client behind":
-        return f"{w['name']}, {where(w, lengths)}: the client fell behind its schedule: " + behind_text(w)
+        return (
+            f"{w['name']}, {where(w, lengths)}: the client fell behind its schedule: "
+            + behind_text(w)
+        )
     if kind == "lane difference":
         shown = "; ".join(f"{d['key']} {d['a']!r} vs {d['b']!r}" for d in w["differences"])
         more = (
