@@ -294,6 +294,7 @@ def test_build_json_says_when_each_speculator_was_made() -> None:
     line = train.made_on(0.0, 3600.0 * 1.5, "python -m harness models build --train")
     assert line.startswith("1970-01-01 00:00-01:30 UTC on ")
     assert line.endswith("`python -m harness models build --train`")
+    assert train.made_on(0.0, 86400.0 + 60, "x").startswith("1970-01-01 00:00-1970-01-02 00:01 UTC")
     head = {"steps": 10}
     draft = {"steps": 5, "made_on": "the old draft's line", "kept": "the committed draft"}
     older = {"steps": 3, "kept": "the committed head"}  # a BUILD.json from before the lines

@@ -68,11 +68,10 @@ def stamp(entries: tuple[dict[str, Any], ...], made: str, before: str) -> None:
 
 def made_on(start: float, end: float, command: str) -> str:
     """BUILD.json's line on a stage: when (UTC), on what machine, by which command."""
-    day = time.strftime("%Y-%m-%d %H:%M", time.gmtime(start))
-    return (
-        f"{day}-{time.strftime('%H:%M', time.gmtime(end))} UTC on {os.cpu_count()} cores "
-        f"({platform.machine()}): `{command}`"
-    )
+    first, last = (time.strftime("%Y-%m-%d %H:%M", time.gmtime(t)) for t in (start, end))
+    if last[:10] == first[:10]:
+        last = last[11:]  # the same day: its time alone
+    return f"{first}-{last} UTC on {os.cpu_count()} cores ({platform.machine()}): `{command}`"
 
 
 # ---- the draft model ----------------------------------------------------------------------------
