@@ -186,6 +186,7 @@ def train(
     init: Path | None = None,
     train_lm_head: bool = False,
     peak_lr: float = PEAK_LR,
+    copy_group: int | None = None,
 ) -> tuple[Eagle3Head, dict[str, Any]]:
     """Trains for ``budget_s`` CPU seconds (the step count sized from the first 20 steps) or,
     given ``steps``, for exactly that many (reproducible on any machine). With ``checkpoint``,
@@ -193,7 +194,9 @@ def train(
     finds the file resumes from it (each epoch's order is seeded by its number, so a resumed
     run sees the sequences a whole one would). ``init``: start from a saved head
     (``eagle3.safetensors`` of ``save``) instead of the target's last layer, with a fresh
-    warm-up + cosine to ``peak_lr`` (a warm restart: how the committed head gets more passes)."""
+    warm-up + cosine to ``peak_lr`` (a warm restart: how the committed head gets more passes).
+    ``copy_group``: ``harness.models.eagle3_copy``'s recipe on that attention group (its
+    attention taught first, then an extra loss and copy-heavy draws instead of epochs)."""
     from harness.models.optim import lr_at, optimizer_step, split
 
     torch.manual_seed(seed)
@@ -222,6 +225,22 @@ def train(
         step, total, est, spent = state["step"], state["total"], state["est"], state["cpu_s"]
         if progress:
             print(f"eagle3: resumed at step {step} of {total}", flush=True)
+    copying: dict[str, Any] = {}
+    sample = None
+    if copy_group is not None:
+        from harness.models import eagle3_copy as copy
+
+        if not 0 <= copy_group < head.kv_heads:
+            raise ValueError(f"copy_group {copy_group}: the head has groups 0..{head.kv_heads - 1}")
+
+        sample = copy.Sampler(train_set, seed, MAX_HEAD_CONTEXT)
+        copying = {"group": copy_group, "attention_steps": copy.COPY_STEPS,
+                   "attention_lr": copy.COPY_LR, "weight": copy.COPY_WEIGHT,
+                   "heavy_share": copy.HEAVY_SHARE, "heavy_sequences": len(sample.heavy)}  # fmt: skip
+        if step == 0:
+            copying["attention_loss_end"] = round(copy.teach_attention(head, sample, copy_group), 3)
+        else:
+            sample.rng.setstate(state["sampler"])
     n = len(train_set)
     order: list[int] = []
     recent: list[float] = []
@@ -234,12 +253,16 @@ def train(
             est = total = int(budget_s / ((time.process_time() - t0) / 20))
         for g in opt.param_groups:
             g["lr"] = lr_at(step, est or 10**4, peak_lr)
+        s = sample() if sample is not None else train_set[order[k]]
         loss = torch.zeros(())
-        for w, (logits, lab, _) in zip(
-            STEP_WEIGHTS, _unroll(head, train_set[order[k]], vocab, TTT_STEPS)
-        ):
+        for w, (logits, lab, _) in zip(STEP_WEIGHTS, _unroll(head, s, vocab, TTT_STEPS)):
             if len(lab):
                 loss = loss + w * nn.functional.cross_entropy(logits, lab)
+        if (
+            copy_group is not None
+            and (extra := copy.attention_loss(head, s, copy_group)) is not None
+        ):
+            loss = loss + copy.COPY_WEIGHT * extra
         optimizer_step(opt, loss, params)
         recent = (recent + [float(loss.detach())])[-100:]
         step += 1
@@ -251,6 +274,7 @@ def train(
                 "total": total,
                 "est": est,
                 "cpu_s": spent + time.process_time() - t0,
+                "sampler": sample.rng.getstate() if sample is not None else None,
             }
             torch.save(state, checkpoint.with_suffix(".tmp"))
             checkpoint.with_suffix(".tmp").replace(checkpoint)
@@ -268,4 +292,6 @@ def train(
         "val_sequences": len(val),
         "top1_agreement_per_step": evaluate(head, val, vocab),
     }
+    if copying:
+        info["copy"] = copying
     return head, info

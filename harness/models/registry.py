@@ -237,6 +237,14 @@ def main(argv: list[str]) -> int:
     b.add_argument(
         "--lr", type=float, default=None, help="with --train: the head's peak learning rate"
     )
+    b.add_argument(
+        "--copy-group",
+        type=int,
+        default=None,
+        metavar="G",
+        help="with --train: teach the head's attention group G to copy from its context "
+        "(harness/models/eagle3_copy.py), then train with that loss on copy-heavy draws",
+    )
     b.add_argument("--threads", type=int, default=2, help="with --train: torch threads (default 2)")
     b.add_argument(
         "--sets",
@@ -281,6 +289,13 @@ def main(argv: list[str]) -> int:
         except ValueError as e:
             print(f"error: --sets: {e} (KIND-SEED-PROMPTS, e.g. mixed-1-2500)", file=sys.stderr)
             return 2
+    if args.copy_group is not None:
+        cfg = json.loads((smollm.TRAINED_DIR / "eagle3_config.json").read_text())
+        if not 0 <= args.copy_group < cfg["num_key_value_heads"]:
+            groups = cfg["num_key_value_heads"]
+            print(f"error: --copy-group {args.copy_group}: the head has groups 0..{groups - 1}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     families = FAMILIES if args.family == "all" else (args.family,)
     for family in families:
         t0 = time.perf_counter()
@@ -299,6 +314,7 @@ def main(argv: list[str]) -> int:
                     more=args.more,
                     train_lm_head=args.train_lm_head,
                     peak_lr=args.lr,
+                    copy_group=args.copy_group,
                     sets=tuple(args.sets.split(",")) if args.sets else None,
                     command=shlex.join(["python", "-m", "harness", "models", *argv]),
                 )

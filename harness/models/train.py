@@ -191,14 +191,15 @@ def save_draft(draft: Any, out: Path) -> None:
 
 def _train_head(model: Any, data: list[dict[str, Any]], vocab: Any, seed: int, steps: int,
                 ckpt: Path, progress: bool, init: Path | None, train_lm_head: bool, peak: float,
-                out: Path) -> dict[str, Any]:  # fmt: skip
+                out: Path, copy_group: int | None = None) -> dict[str, Any]:  # fmt: skip
     """The EAGLE-3 head's ``steps`` (``harness.models.eagle3.train``), saved into ``out``."""
     from harness.models import eagle3
     from harness.models import eagle3_checkpoint as files
 
     head, info = eagle3.train(model, data, vocab, seed, float("inf"), steps=steps,
                               checkpoint=ckpt, progress=progress, init=init,
-                              train_lm_head=train_lm_head, peak_lr=peak)  # fmt: skip
+                              train_lm_head=train_lm_head, peak_lr=peak,
+                              copy_group=copy_group)  # fmt: skip
     files.save(head, vocab, out, files.head_config(model.config.to_dict(), len(vocab)))
     return info
 
@@ -225,6 +226,7 @@ def train_all(
     train_lm_head: bool = False,
     peak_lr: float | None = None,
     command: str = "python -m harness models build --train",
+    copy_group: int | None = None,
 ) -> dict[str, Any]:
     """Answers, features, the EAGLE-3 head (``epochs`` passes over the training sequences) and,
     given ``draft_s`` CPU seconds, the draft (else the committed draft stays), into
@@ -235,8 +237,9 @@ def train_all(
     resumed on its own. ``more``: the head starts from the committed one (``trained/eagle3.safetensors``, whose
     BUILD.json stages are kept in ``eagle3.earlier_stages``) for ``epochs`` more passes, a warm
     restart of the learning rate; ``train_lm_head``: its lm_head rows train too (committed).
-    ``command``: what ran it, for the ``made_on`` lines (the build's and each retrained
-    speculator's; a kept one keeps its own)."""
+    ``copy_group``: the head learns to copy (``harness.models.eagle3_copy``). ``command``: what
+    ran it, for the ``made_on`` lines (the build's and each retrained speculator's; a kept one
+    keeps its own)."""
     import math
     import resource
 
@@ -297,6 +300,7 @@ def train_all(
     init_sha = sm.sha256_file(init) if init else ""
     tag = f"-after-{init_sha[:12]}" if init else ""
     tag += ("-lm_head" if train_lm_head else "") + (f"-lr{peak:g}" if peak_lr else "")
+    tag += f"-copy{copy_group}" if copy_group is not None else ""
     sets_tag = "" if sets == ("mixed-0-3000",) else "-" + "+".join(sets)  # the first build's name
     ckpt = distill.WORK / f"eagle3-{seed}-{distill.PROMPTS}{sets_tag}-{steps}{tag}.ckpt"
     build = sm.TRAINED_DIR / "BUILD.json"  # the committed speculators' record
@@ -310,7 +314,7 @@ def train_all(
         e_info = {**old.get("eagle3", {}), "kept": "the committed head (not retrained)"}
     else:
         e_info = _train_head(model, data, vocab, seed, steps, ckpt, progress, init,
-                             train_lm_head, peak, out)  # fmt: skip
+                             train_lm_head, peak, out, copy_group)  # fmt: skip
         e_info["epochs"] = epochs
         if init is not None:
             e_info["started_from"] = f"the committed head, sha256 {init_sha}"
