@@ -90,6 +90,17 @@ class Eagle3Head(nn.Module):
         chunks = feat.float().chunk(len(self.fc_norm), dim=-1)
         return self.fc(torch.cat([n(c) for n, c in zip(self.fc_norm, chunks)], -1))
 
+    def attention_input(self, tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """The decoder layer's input: [norm(embed(token)), norm(hidden)] per position."""
+        return torch.cat([self.input_layernorm(self.embed[tokens]), self.hidden_norm(hidden)], -1)
+
+    def queries_keys(self, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated queries [heads, T, d] and keys [kv_heads, T, d] of ``attention_input`` x."""
+        T = x.shape[0]
+        q = self.q_proj(x).view(T, self.heads, self.head_dim).transpose(0, 1)
+        k = self.k_proj(x).view(T, self.kv_heads, self.head_dim).transpose(0, 1)
+        return _rope(q, pos, self.theta), _rope(k, pos, self.theta)
+
     def step(
         self,
         tokens: torch.Tensor,
@@ -104,11 +115,9 @@ class Eagle3Head(nn.Module):
         """
         T = tokens.shape[0]
         residual = hidden
-        x = torch.cat([self.input_layernorm(self.embed[tokens]), self.hidden_norm(hidden)], -1)
-        q = self.q_proj(x).view(T, self.heads, self.head_dim).transpose(0, 1)
-        k = self.k_proj(x).view(T, self.kv_heads, self.head_dim).transpose(0, 1)
+        x = self.attention_input(tokens, hidden)
+        q, k = self.queries_keys(x, pos)
         v = self.v_proj(x).view(T, self.kv_heads, self.head_dim).transpose(0, 1)
-        q, k = _rope(q, pos, self.theta), _rope(k, pos, self.theta)
         n = len(past) + 1  # this step's number
         ks = [p[0] for p in past] + [k]
         vs = [p[1] for p in past] + [v]

@@ -69,24 +69,15 @@ def crop(s: dict[str, Any], context: int) -> dict[str, Any]:
 def attention_loss(head: Any, s: dict[str, Any], group: int) -> torch.Tensor | None:
     """Mean over matched positions and the group's query heads of -log(attention on the
     matches), at the unroll's first step; None where the sequence has no match."""
-    from harness.models.eagle3 import _rope
-
     T, rows, cols = match_targets(s)
     if not rows:
         return None
     ids, feat = s["ids"], s["feat"]
-    x = torch.cat(
-        [
-            head.input_layernorm(head.embed[ids[1 : T + 1]]),
-            head.hidden_norm(head.combine(feat[:T])),
-        ],
-        -1,
-    )
+    x = head.attention_input(ids[1 : T + 1], head.combine(feat[:T]))
     pos = torch.arange(T)
     rep, d = head.heads // head.kv_heads, head.head_dim
-    q = head.q_proj(x).view(T, head.heads, d).transpose(0, 1)[group * rep : (group + 1) * rep]
-    k = head.k_proj(x).view(T, head.kv_heads, d).transpose(0, 1)[group : group + 1]
-    q, k = _rope(q, pos, head.theta), _rope(k, pos, head.theta)
+    q, k = head.queries_keys(x, pos)
+    q, k = q[group * rep : (group + 1) * rep], k[group : group + 1]
     scores = (q @ k.transpose(1, 2)) / d**0.5
     logp = scores.masked_fill(pos[None, :] > pos[:, None], float("-inf")).log_softmax(-1)
     on = torch.full((T, T), float("-inf"))
