@@ -118,7 +118,8 @@ def test_a_copy_run_resumes_to_the_same_weights(tmp_path: Path) -> None:
             pytest.raises(KeyboardInterrupt),
         ):
             eagle3.train(model, data, vocab, 0, 0.0, checkpoint=ckpt, every=2, **kw)
-        resumed, _ = eagle3.train(model, data, vocab, 0, 0.0, checkpoint=ckpt, every=2, **kw)
+        resumed, again = eagle3.train(model, data, vocab, 0, 0.0, checkpoint=ckpt, every=2, **kw)
+    assert again["copy"] == info["copy"]  # a resumed build still records step 1's loss
     assert info["copy"]["group"] == 0 and info["copy"]["attention_steps"] == 20
     a, b = whole.state_dict(), resumed.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)

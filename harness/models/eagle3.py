@@ -248,8 +248,9 @@ def train(
                    "heavy_share": copy.HEAVY_SHARE, "heavy_sequences": len(sample.heavy)}  # fmt: skip
         if step == 0:
             copying["attention_loss_end"] = round(copy.teach_attention(head, sample, copy_group), 3)
-        else:
+        else:  # resumed: the draws go on where they stopped; step 1 is in the weights
             sample.rng.setstate(state["sampler"])
+            copying["attention_loss_end"] = state["attention_loss_end"]
     n = len(train_set)
     order: list[int] = []
     recent: list[float] = []
@@ -284,6 +285,7 @@ def train(
                 "est": est,
                 "cpu_s": spent + time.process_time() - t0,
                 "sampler": sample.rng.getstate() if sample is not None else None,
+                "attention_loss_end": copying.get("attention_loss_end"),
             }
             torch.save(state, checkpoint.with_suffix(".tmp"))
             checkpoint.with_suffix(".tmp").replace(checkpoint)
