@@ -78,6 +78,13 @@ def test_a_methods_k_at_a_load_is_its_chosen_else_best_raced_else_best_predicted
     assert committed.best_k(one, "ngram") == 2  # pruned: the best predicted
     assert committed.best_k(four, "eagle3") == 1
     assert committed.best_k(four, "draft_model") is None  # not a candidate there
+    # raced only at its probe K 6 (0.50x measured and predicted): K 1, predicted 0.95x, wins
+    probe = {"load": 4, "chosen": "baseline", "candidates": [
+        cand(None, 0, "chosen", None), cand("draft_model", 6, "eliminated", 0.50, 0.50),
+        cand("draft_model", 1, "pruned", None, 0.95), cand("eagle3", 2, "eliminated", 0.89, 1.19),
+        cand("eagle3", 1, "pruned", None, 1.18)]}  # fmt: skip
+    assert committed.best_k(probe, "draft_model") == 1
+    assert committed.best_k(probe, "eagle3") == 2  # predicted below the raced arm's prediction
     assert committed.method_ks(TUNE, "draft_model", [1, 4]) == {1: 1, 4: 1}  # carried forward
     assert committed.method_ks(TUNE, "eagle3", [1, 2, 8]) == {1: 2, 2: 2, 8: 1}
     assert committed.method_ks(TUNE, "mtp", [1, 4]) == {}

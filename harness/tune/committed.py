@@ -3,8 +3,10 @@
 ``--spec`` method's K from it at the loads it runs (docs/tune.md, "The main job's K").
 
 A method's K at a tuned load (:func:`best_k`): the arm the tune chose there when it is of that
-method; else the method's arm that raced there with the best measured speedup over the baseline;
-else (the method was pruned there) its best predicted K. Not the emitted schedule: that turns
+method; else the method's arm that raced there with the best measured speedup over the baseline,
+unless the tune's prediction ranks one of its pruned arms above that arm (predictions compared
+with predictions: a method raced only at its probe K, the largest, measured none of its small
+K); else (the method was pruned there) its best predicted K. Not the emitted schedule: that turns
 speculation off where it was not shown to pay, and the main job compares every method. A main-job
 load takes the largest tuned load at or below it where the method has candidates (else the
 smallest where it has); where the main job's loads get different K, the variant runs vLLM's
@@ -92,13 +94,19 @@ def best_k(entry: Mapping[str, Any], method: str) -> int | None:
     chosen = [c for c in mine if c.get("arm") == entry.get("chosen")]
     if chosen:
         return int(chosen[0]["k"])
+    predicted = [c for c in mine if c.get("predicted") is not None]
+    best_predicted = min(predicted, key=lambda c: (-c["predicted"], c["k"])) if predicted else None
     raced = [c for c in mine if c.get("status") != "pruned" and _estimate(c) is not None]
     if raced:
-        return int(min(raced, key=lambda c: (-_estimate(c), c["k"]))["k"])  # type: ignore[operator]
-    predicted = [c for c in mine if c.get("predicted") is not None]
-    if predicted:
-        return int(min(predicted, key=lambda c: (-c["predicted"], c["k"]))["k"])
-    return None
+        best = min(raced, key=lambda c: (-_estimate(c), c["k"]))  # type: ignore[operator]
+        if (
+            best_predicted is not None
+            and best.get("predicted") is not None
+            and best_predicted["predicted"] > best["predicted"]
+        ):
+            return int(best_predicted["k"])
+        return int(best["k"])
+    return None if best_predicted is None else int(best_predicted["k"])
 
 
 def _estimate(c: Mapping[str, Any]) -> float | None:
