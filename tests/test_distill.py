@@ -11,7 +11,7 @@ from unittest import mock
 
 import pytest
 
-from harness.models import corpus, distill, eagle3, eagle3_checkpoint
+from harness.models import corpus, distill, eagle3, eagle3_checkpoint, prose
 from harness.models import registry as models
 
 DATA = Path(__file__).resolve().parents[1] / "workloads" / "data"
@@ -39,11 +39,31 @@ def test_no_training_prompt_is_one_the_harness_evaluates_on() -> None:
             evaluated.update([r["prompt"]] if "prompt" in r else [])
             evaluated.update(m["content"] for m in r.get("messages", []))
     sources = [function_source(m, f)[0] for _, m, f, _, _ in CODE_TASKS]
-    built = [r for name in distill.SETS for r in distill.set_prompts(*distill.parse_set(name))]
-    assert len(built) > 4500
+    built = [r for name in _own_sets() for r in distill.set_prompts(*distill.parse_set(name))]
+    assert len(built) > 5000
     for r in built:
         assert r["prompt"] not in evaluated
         assert not any(src in r["prompt"] for src in sources), r["id"]
+
+
+def test_a_digest_set_summarizes_its_prose_sets_articles() -> None:
+    """Digest prompts wrap the target's own articles (never a text from outside), one per
+    article long enough to summarize, ids tied to the article's; the template draw is seeded."""
+    long_one = "The new bridge opened on Monday. " * 20
+    articles = [("prose-00000", long_one), ("prose-00001", "Too short."), ("prose-00002", long_one)]
+    rows = prose.digest_prompts(articles, seed=0)
+    assert [r["id"] for r in rows] == ["digest-prose-00000", "digest-prose-00002"]
+    assert all(long_one.strip() in r["prompt"] and r["category"] == "digest" for r in rows)
+    assert rows == prose.digest_prompts(articles, seed=0)
+    many = prose.digest_prompts([(str(i), long_one) for i in range(60)], seed=1)
+    assert len({r["prompt"] for r in many}) == len(prose.DIGEST_TEMPLATES)  # all drawn
+    with pytest.raises(FileNotFoundError, match="prose-7-3"):  # no articles, no digest
+        distill.set_prompts("digest", 7, 3)
+
+
+def _own_sets() -> list[str]:
+    """The training sets whose prompts are built without the target (not a digest set)."""
+    return [n for n in distill.SETS if distill.parse_set(n)[0] not in distill.SUMMARIZES]
 
 
 def test_the_training_sets_are_disjoint_and_the_long_ones_long() -> None:
@@ -52,7 +72,7 @@ def test_the_training_sets_are_disjoint_and_the_long_ones_long() -> None:
     whole paragraphs (or one longer paragraph)."""
     seen: dict[str, str] = {}
     ids: set[str] = set()
-    for name in distill.SETS:
+    for name in _own_sets():
         rows = distill.set_prompts(*distill.parse_set(name))
         for r in rows:
             assert r["prompt"] not in seen, (name, seen.get(r["prompt"]))
@@ -200,7 +220,7 @@ def test_answers_come_from_vllm_in_a_child_and_resume(
     monkeypatch.setattr(distill, "WORK", tmp_path)
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
 
-    def three(kind: str, seed: int, n: int) -> list[dict[str, Any]]:
+    def three(kind: str, seed: int, n: int, target: Path | None = None) -> list[dict[str, Any]]:
         return [
             {"id": f"{kind}-{i}", "category": kind, "prompt": f"Count to {i + 2}."}
             for i in range(n)
@@ -214,6 +234,30 @@ def test_answers_come_from_vllm_in_a_child_and_resume(
     assert all(r["output_ids"] and r["prompt_ids"] for r in rows)
     assert distill.generate_answers(target, 0, 3, progress=False, kind="long") == path  # done
     assert len(distill.load_answers(path)) == 3
+
+
+@pytest.mark.usefixtures("tiny_pair")
+def test_a_digest_sets_answers_summarize_its_prose_sets_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Asked for a digest set, the answers stage first answers its prose set (vLLM on the tiny
+    target), then prompts with those answers decoded: each digest prompt holds its article."""
+    from transformers import AutoTokenizer
+
+    monkeypatch.setattr(distill, "WORK", tmp_path)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    monkeypatch.setattr(prose, "MIN_ARTICLE_CHARS", 1)  # the tiny target writes little
+    target = models.tiny_path("target")
+    path = distill.generate_answers(target, 0, 3, progress=False, kind="digest")
+    articles = distill.load_answers(distill.answers_path(0, 3, "prose"))
+    digests = {r["id"]: r for r in distill.load_answers(path)}
+    assert len(articles) == 3 and digests
+    tok = AutoTokenizer.from_pretrained(target)
+    for a in articles:
+        text = tok.decode(a["output_ids"], skip_special_tokens=True).strip()
+        if text:
+            asked = tok.decode(digests[f"digest-{a['id']}"]["prompt_ids"])
+            assert text in asked
 
 
 @pytest.mark.usefixtures("tiny_pair")

@@ -28,12 +28,15 @@ from harness.models import smollm as sm
 WORK = sm.CACHE_DIR.parent / "train"
 PROMPTS = 3000
 ANSWER_TOKENS = 256
-MAX_PROMPT = {"mixed": 384, "long": 1024}  # prompt tokens at most, per kind of set
+MAX_PROMPT = {"mixed": 384, "long": 1024, "prose": 128, "digest": 512}  # tokens, per kind of set
 BATCH = 256  # prompts per vLLM call: one JSONL flush each
 FEATURE_TOKENS = 6144  # tokens per teacher-forced HF batch
 # The build's training sets, "kind-seed-prompts": corpus.prompts (mixed; a seed > 0 drops the
-# lower seeds' prompts: ``set_prompts``) and corpus.long_prompts (long).
-SETS = ("mixed-0-3000", "mixed-1-2500", "long-0-524")
+# lower seeds' prompts: ``set_prompts``), corpus.long_prompts (long), prose.prose_prompts
+# (prose) and prose.digest_prompts over the answers of the prose set of that seed and size
+# (digest).
+SETS = ("mixed-0-3000", "mixed-1-2500", "long-0-524", "prose-0-600", "digest-0-600")
+SUMMARIZES = {"digest": "prose"}  # a kind whose prompts are another set's answers
 
 
 def parse_set(name: str) -> tuple[str, int, int]:
@@ -53,19 +56,36 @@ def answers_path(seed: int, n: int = PROMPTS, kind: str = "mixed") -> Path:
     return WORK / f"answers-{_stem(seed, n, kind)}.jsonl"
 
 
-def set_prompts(kind: str, seed: int, n: int) -> list[dict[str, Any]]:
+def set_prompts(kind: str, seed: int, n: int, target: Path | None = None) -> list[dict[str, Any]]:
     """The prompts of one training set, ids unique across sets: a mixed set of seed s > 0
     drops the prompts of ``corpus.prompts(PROMPTS, s')`` for every s' < s (the lower seeds'
-    sets at the full PROMPTS, whatever size they were built at)."""
-    from harness.models import corpus
+    sets at the full PROMPTS, whatever size they were built at). A digest set's prompts are its
+    prose set's answers (there first), decoded by ``target``'s tokenizer (default SmolLM2's)."""
+    from harness.models import corpus, prose
 
     if kind == "long":
         return corpus.long_prompts(n, seed)
+    if kind == "prose":
+        return prose.prose_prompts(n, seed)
+    if kind == "digest":
+        return prose.digest_prompts(_articles(seed, n, target or sm.FAMILY_DIR / "target"), seed)
     rows = corpus.prompts(n, seed)
     if seed == 0:
         return rows
     earlier = {r["prompt"] for s in range(seed) for r in corpus.prompts(PROMPTS, s)}
     return [{**r, "id": f"s{seed}-{r['id']}"} for r in rows if r["prompt"] not in earlier]
+
+
+def _articles(seed: int, n: int, target: Path) -> list[tuple[str, str]]:
+    """(id, text) of the prose set ``prose-seed-n``'s answers, which its digest set summarizes."""
+    path = answers_path(seed, n, SUMMARIZES["digest"])
+    if not path.is_file():
+        raise FileNotFoundError(f"digest-{seed}-{n} summarizes prose-{seed}-{n}: {path} is missing")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target)
+    rows = sorted(load_answers(path), key=lambda r: r["id"])
+    return [(r["id"], tok.decode(r["output_ids"], skip_special_tokens=True)) for r in rows]
 
 
 def _done_ids(path: Path) -> set[str]:
@@ -102,12 +122,14 @@ def generate_answers(
     died ("cancelled") after the first was deleted in a 1,598-prompt build."""
     from transformers import AutoTokenizer
 
+    if kind in SUMMARIZES:  # its prompts are that set's answers
+        generate_answers(target, seed, n, progress, SUMMARIZES[kind])
     path = answers_path(seed, n, kind)
     with _sole_writer(path):
         done = _done_ids(path)
         tok = AutoTokenizer.from_pretrained(target)
         limit = MAX_PROMPT[kind]
-        todo = _tokenized(tok, set_prompts(kind, seed, n), limit)
+        todo = _tokenized(tok, set_prompts(kind, seed, n, target), limit)
         rows = [r for r in todo if r["id"] not in done]
         if not rows:
             return path

@@ -281,7 +281,9 @@ def train_all(
     outputs = [len(d["output_ids"]) for d in data]
     data_info = {
         "prompts": "harness/models/corpus.py (open tasks, CPython sources and docstrings, "
-        "arithmetic, Python reference sections; none of Spec-Bench or the default workload)",
+        "arithmetic, Python reference sections) and harness/models/prose.py (articles, posts "
+        "and reports the target writes, then summaries of them); none of Spec-Bench or the "
+        "default workload",
         "sets": per_set,
         "sequences": len(data),
         "prompt_tokens": sum(d["prompt_len"] for d in data),
