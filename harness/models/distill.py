@@ -164,7 +164,7 @@ def _answer(
 ) -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "6")
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
     llm = LLM(
         model=target,
@@ -174,6 +174,17 @@ def _answer(
         enforce_eager=True,
         seed=seed,
     )
+    try:
+        _answer_batches(llm, path, rows, progress)
+    finally:
+        # the child's exit joins its own children before any atexit handler runs, so an engine
+        # core never told to stop held a finished set's child (and the build) for good
+        llm.llm_engine.engine_core.shutdown()
+
+
+def _answer_batches(llm: Any, path: Path, rows: list[dict[str, Any]], progress: bool) -> None:
+    from vllm import SamplingParams
+
     params = SamplingParams(temperature=0.0, max_tokens=ANSWER_TOKENS)
     t0, made = time.perf_counter(), 0
     for b0 in range(0, len(rows), BATCH):
