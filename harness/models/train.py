@@ -204,6 +204,18 @@ def _train_head(model: Any, data: list[dict[str, Any]], vocab: Any, seed: int, s
     return info
 
 
+def _prompts_line(sets: tuple[str, ...]) -> str:
+    """BUILD.json's data.prompts: where these sets' prompts come from."""
+    from harness.models import distill
+
+    line = "harness/models/corpus.py (open tasks, CPython sources and docstrings, arithmetic, "
+    line += "Python reference sections)"
+    if any(distill.parse_set(name)[0] in ("prose", "digest") for name in sets):
+        line += " and harness/models/prose.py (articles, posts and reports the target writes, "
+        line += "then summaries of them)"
+    return line + "; none of Spec-Bench or the default workload"
+
+
 def _keep_committed(out: Path, names: tuple[str, ...]) -> None:
     """A speculator not retrained: its committed files into ``out`` (nothing where it is
     ``trained/`` itself)."""
@@ -280,10 +292,7 @@ def train_all(
     vocab = files.saved_vocab(committed) if init or keep_head else draft_vocab(data)
     outputs = [len(d["output_ids"]) for d in data]
     data_info = {
-        "prompts": "harness/models/corpus.py (open tasks, CPython sources and docstrings, "
-        "arithmetic, Python reference sections) and harness/models/prose.py (articles, posts "
-        "and reports the target writes, then summaries of them); none of Spec-Bench or the "
-        "default workload",
+        "prompts": _prompts_line(sets),
         "sets": per_set,
         "sequences": len(data),
         "prompt_tokens": sum(d["prompt_len"] for d in data),
