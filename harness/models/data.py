@@ -147,15 +147,22 @@ def generate(
 
 
 def draft_vocab(
-    seqs: list[dict[str, Any]], size: int = DRAFT_VOCAB, vocab_size: int = 49152
+    seqs: list[dict[str, Any]],
+    size: int = DRAFT_VOCAB,
+    vocab_size: int = 49152,
+    keep: Any = None,
 ) -> Any:
     """The ``size`` most frequent prompt and output tokens of the target's ``vocab_size`` (ties
-    by id), sorted: EAGLE-3's reduced vocab."""
+    by id), sorted: EAGLE-3's reduced vocab. ``keep``: a vocabulary to widen (a trained head's):
+    all of it, then the most frequent of the other tokens up to ``size``."""
     torch = _torch()
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for s in seqs:
         for key in ("output_ids", "prompt_ids"):
             ids = torch.tensor(s[key], dtype=torch.long)
             counts += torch.bincount(ids, minlength=vocab_size)
-    order = sorted(range(vocab_size), key=lambda i: (-int(counts[i]), i))[:size]
-    return torch.tensor(sorted(order), dtype=torch.long)
+    kept = set() if keep is None else set(keep.tolist())
+    if len(kept) > size:
+        raise ValueError(f"a draft vocabulary of {size} cannot keep {len(kept)} tokens")
+    rest = sorted(set(range(vocab_size)) - kept, key=lambda i: (-int(counts[i]), i))
+    return torch.tensor(sorted([*kept, *rest[: size - len(kept)]]), dtype=torch.long)

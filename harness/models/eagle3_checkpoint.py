@@ -121,16 +121,28 @@ def saved_vocab(path: Path) -> torch.Tensor:
 
 def load_into(head: nn.Module, path: Path, vocab: torch.Tensor) -> None:
     """A saved head's weights (``save``'s ``eagle3.safetensors``) into ``head``: its draft
-    vocabulary must be ``vocab``; a frozen-``lm_head`` file into a head that trains it starts
+    vocabulary must be ``vocab``, or lie inside it when ``head`` trains its ``lm_head`` (a
+    widened vocabulary: the saved rows go to their tokens, the added tokens keep the target's
+    rows ``head`` starts with); a frozen-``lm_head`` file into a head that trains it starts
     that from the target's rows."""
     from safetensors.torch import load_file
 
     sd = load_file(str(path))
-    if not torch.equal(vocab_of(sd["d2t"]), vocab):
-        raise ValueError(f"{path}: its draft vocabulary differs from this training set's")
+    saved = vocab_of(sd["d2t"])
     own = {own_name(k): v.float() for k, v in sd.items() if k != "d2t"}
     if "lm_head" in own and not isinstance(head.lm_head, nn.Parameter):
         raise ValueError(f"{path} has a trained lm_head: train it (train_lm_head) to go on")
+    if not torch.equal(saved, vocab):
+        at = torch.searchsorted(vocab, saved).clamp(max=len(vocab) - 1)
+        if not isinstance(head.lm_head, nn.Parameter) or not torch.equal(vocab[at], saved):
+            raise ValueError(
+                f"{path}: its draft vocabulary differs from this training set's (a wider one "
+                "must hold all of it, with the lm_head trained)"
+            )
+        if "lm_head" in own:
+            rows = head.lm_head.detach().clone()
+            rows[at] = own["lm_head"]
+            own["lm_head"] = rows
     missing = head.load_state_dict(own, strict=False).missing_keys
     if [k for k in missing if k != "lm_head"] or set(own) - set(head.state_dict()):
         raise ValueError(f"{path}: not this head's layout (missing {missing})")

@@ -231,7 +231,7 @@ def main(argv: list[str]) -> int:
     b.add_argument(
         "--train-lm-head",
         action="store_true",
-        help="with --train: the head's lm_head rows (its 8,192-token vocabulary) train too and "
+        help="with --train: the head's lm_head rows (its draft vocabulary) train too and "
         "are committed (+9.4 MB) instead of staying the target's",
     )
     b.add_argument(
@@ -244,6 +244,14 @@ def main(argv: list[str]) -> int:
         metavar="G",
         help="with --train: teach the head's attention group G to copy from its context "
         "(harness/models/eagle3_copy.py), then train with that loss on copy-heavy draws",
+    )
+    b.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --train --more --train-lm-head: widen the committed head's draft vocabulary "
+        "to N tokens (the training sets' most frequent others, their rows from the target's)",
     )
     b.add_argument("--threads", type=int, default=2, help="with --train: torch threads (default 2)")
     b.add_argument(
@@ -296,6 +304,9 @@ def main(argv: list[str]) -> int:
             print(f"error: --copy-group {args.copy_group}: the head has groups 0..{groups - 1}",
                   file=sys.stderr)  # fmt: skip
             return 2
+    if args.draft_vocab is not None and (err := _draft_vocab_error(args)):
+        print(f"error: --draft-vocab {args.draft_vocab}: {err}", file=sys.stderr)
+        return 2
     families = FAMILIES if args.family == "all" else (args.family,)
     for family in families:
         t0 = time.perf_counter()
@@ -315,12 +326,24 @@ def main(argv: list[str]) -> int:
                     train_lm_head=args.train_lm_head,
                     peak_lr=args.lr,
                     copy_group=args.copy_group,
+                    draft_vocab_size=args.draft_vocab,
                     sets=tuple(args.sets.split(",")) if args.sets else None,
                     command=shlex.join(["python", "-m", "harness", "models", *argv]),
                 )
             smollm.assemble(force=args.force or args.train)
             print(f"smollm2 ready at {smollm.FAMILY_DIR} ({time.perf_counter() - t0:.0f} s)")
     return 0
+
+
+def _draft_vocab_error(args: argparse.Namespace) -> str:
+    """Why ``--draft-vocab`` cannot widen the committed head ("" when it can)."""
+    if not (args.train and args.more and args.train_lm_head):
+        return "widens the committed head: give it with --train --more --train-lm-head"
+    cfg = json.loads((smollm.TRAINED_DIR / "eagle3_config.json").read_text())
+    low, high = cfg["draft_vocab_size"], cfg["vocab_size"]
+    if not low < args.draft_vocab <= high:
+        return f"the committed head drafts from {low}; widen it to {low + 1}..{high}"
+    return ""
 
 
 def _build_tiny(args: argparse.Namespace) -> None:

@@ -239,6 +239,7 @@ def train_all(
     peak_lr: float | None = None,
     command: str = "python -m harness models build --train",
     copy_group: int | None = None,
+    draft_vocab_size: int | None = None,
 ) -> dict[str, Any]:
     """Answers, features, the EAGLE-3 head (``epochs`` passes over the training sequences) and,
     given ``draft_s`` CPU seconds, the draft (else the committed draft stays), into
@@ -249,7 +250,10 @@ def train_all(
     resumed on its own. ``more``: the head starts from the committed one (``trained/eagle3.safetensors``, whose
     BUILD.json stages are kept in ``eagle3.earlier_stages``) for ``epochs`` more passes, a warm
     restart of the learning rate; ``train_lm_head``: its lm_head rows train too (committed).
-    ``copy_group``: the head learns to copy (``harness.models.eagle3_copy``). ``command``: what
+    ``copy_group``: the head learns to copy (``harness.models.eagle3_copy``).
+    ``draft_vocab_size``: with ``more``, the committed head's draft vocabulary widened to this
+    many tokens (the most frequent others of these sets), its rows trained from the target's
+    (``train_lm_head``). ``command``: what
     ran it, for the ``made_on`` lines (the build's and each retrained speculator's; a kept one
     keeps its own)."""
     import math
@@ -290,6 +294,9 @@ def train_all(
     init = committed if more else None
     keep_head = epochs == 0  # the committed head stays (only the draft retrains)
     vocab = files.saved_vocab(committed) if init or keep_head else draft_vocab(data)
+    widened_from = len(vocab) if init and (draft_vocab_size or 0) > len(vocab) else None
+    if widened_from:
+        vocab = draft_vocab(data, draft_vocab_size, keep=vocab)
     outputs = [len(d["output_ids"]) for d in data]
     data_info = {
         "prompts": _prompts_line(sets),
@@ -312,6 +319,7 @@ def train_all(
     tag = f"-after-{init_sha[:12]}" if init else ""
     tag += ("-lm_head" if train_lm_head else "") + (f"-lr{peak:g}" if peak_lr else "")
     tag += f"-copy{copy_group}" if copy_group is not None else ""
+    tag += f"-vocab{len(vocab)}" if widened_from else ""
     sets_tag = "" if sets == ("mixed-0-3000",) else "-" + "+".join(sets)  # the first build's name
     ckpt = distill.WORK / f"eagle3-{seed}-{distill.PROMPTS}{sets_tag}-{steps}{tag}.ckpt"
     build = sm.TRAINED_DIR / "BUILD.json"  # the committed speculators' record
@@ -329,6 +337,8 @@ def train_all(
         e_info["epochs"] = epochs
         if init is not None:
             e_info["started_from"] = f"the committed head, sha256 {init_sha}"
+            if widened_from:
+                e_info["draft_vocab_widened_from"] = widened_from
             e_info["earlier_stages"] = earlier
             e_info["total_epochs"] = epochs + sum(st.get("epochs", 0) for st in earlier)
             e_info["total_train_cpu_seconds"] = e_info["train_cpu_seconds"] + sum(
