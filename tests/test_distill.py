@@ -295,25 +295,34 @@ def test_features_never_mix_shards_cut_from_other_answers(
 
 
 def test_one_writer_per_set_and_answers_once_per_id(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A second build writing the same set exits with one line (two at once appended every
-    answer twice); a file that holds an answer twice still loads it once, the first."""
+    """A second build writing the same set waits for the first, saying so in one line (two at
+    once appended every answer twice), then goes on; a file that holds an answer twice still
+    loads it once, the first."""
     import fcntl
+    import threading
 
     monkeypatch.setattr(distill, "WORK", tmp_path)
     path = distill.answers_path(1, 10)
     rows = [{"id": "a", "output_ids": [1]}, {"id": "b", "output_ids": [2]}]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows + [{"id": "a", "output_ids": [3]}]))
     assert distill.load_answers(path) == rows
+    ran: list[str] = []
+    monkeypatch.setattr(distill, "_make_features", lambda *a: ran.append("features"))
     feats = str(distill.feature_dir(1, 10)) + ".lock"
-    with open(str(path) + ".lock", "w") as held, open(feats, "w") as held_too:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        fcntl.flock(held_too, fcntl.LOCK_EX)
-        with pytest.raises(SystemExit, match="another process is writing .*answers-1-10"):
-            distill.generate_answers(tmp_path / "no-model-needed", 1, 10, progress=False)
-        with pytest.raises(SystemExit, match="another process is writing .*features-1-10"):
-            distill.make_features(tmp_path / "no-model-needed", 1, 10, progress=False)
+    with open(feats, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # the first build, writing the set's features
+        second = threading.Thread(
+            target=distill.make_features, args=(tmp_path / "no-model-needed", 1, 10), daemon=True
+        )
+        second.start()
+        second.join(0.5)
+        assert second.is_alive() and ran == []  # waiting: it neither failed nor wrote
+    second.join(60)  # the first one done (its lock gone): the second goes on
+    assert not second.is_alive() and ran == ["features"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "another process is writing" in err[0] and "features-1-10" in err[0]
 
 
 def test_the_draft_trains_on_the_threads_train_all_set() -> None:

@@ -148,8 +148,9 @@ def generate_answers(
 @contextlib.contextmanager
 def _sole_writer(path: Path) -> Iterator[None]:
     """One process at a time writes a set's answers or features (``path``'s lock file): two at
-    once appended every answer twice and cut shards from different answers. A second one
-    exits with a line saying so."""
+    once appended every answer twice and cut shards from different answers. A second one waits
+    for the first, saying so in a line, then finds the set done: two builds started together
+    over the same sets (two training arms) share them instead of the second one failing."""
     import fcntl
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -157,7 +158,9 @@ def _sole_writer(path: Path) -> Iterator[None]:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise SystemExit(f"error: another process is writing {path}; wait for it") from None
+            print(f"distill: another process is writing {path}; waiting for it", file=sys.stderr,
+                  flush=True)  # fmt: skip
+            fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
 
