@@ -66,7 +66,7 @@ def test_a_saved_head_loads_into_a_wider_vocabulary_its_rows_on_their_tokens(
     assert torch.equal(head.lm_head[new], embed[wide[new]])  # added tokens: the target's rows
     assert torch.equal(head.fc.weight, saved.fc.weight.detach().half().float())
 
-    # the widened head trains and saves with its own d2t
+    # the widened head saves with its own d2t (what training writes)
     out = tmp_path / "out"
     out.mkdir()
     files.save(head, wide, out, files.head_config(tcfg, len(wide), layers))
