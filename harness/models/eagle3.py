@@ -137,12 +137,15 @@ class Eagle3Head(nn.Module):
         return self.norm(pre), pre, (k, v)
 
 
-def _unroll(head: Eagle3Head, s: dict[str, Any], vocab: torch.Tensor, steps: int) -> list[Any]:
+def _unroll(
+    head: Eagle3Head, s: dict[str, Any], vocab: torch.Tensor, steps: int, prompt_loss: bool = True
+) -> list[Any]:
     """Per step: (logits over the draft vocab, label index, label is a generated token).
 
     Position t: hidden f[t], token x[t+1], label = the target's greedy token after t+1
-    (``labels[t+1]``; the generated x[t+2] in the output). Step 1 learns at every position;
-    later steps only in the output, where x[t+1] is what the chain would have drafted."""
+    (``labels[t+1]``; the generated x[t+2] in the output). Step 1 learns at every position
+    (``prompt_loss``) or, as SpecForge's loss mask does, only in the output; later steps only
+    in the output, where x[t+1] is what the chain would have drafted."""
     ids, p, feat, labels = s["ids"], s["prompt_len"], s["feat"], s["labels"]
     start = max(0, p - MAX_HEAD_CONTEXT)
     ids, feat, labels, p = ids[start:], feat[start:], labels[start:], p - start
@@ -161,7 +164,7 @@ def _unroll(head: Eagle3Head, s: dict[str, Any], vocab: torch.Tensor, steps: int
             hidden = torch.cat([hidden[:1] * 0, pre[:-1]], 0)
         normed, pre, kv = head.step(tokens, hidden, pos, past)
         past.append(kv)
-        counted = (output if n > 0 else torch.ones(T, dtype=torch.bool)) & (pos >= n)
+        counted = (output if n > 0 or not prompt_loss else torch.ones_like(output)) & (pos >= n)
         valid = inside & counted
         out.append((normed[valid] @ head.lm_head.T, lab[valid], output[valid]))
     return out
@@ -196,6 +199,7 @@ def train(
     train_lm_head: bool = False,
     peak_lr: float = PEAK_LR,
     copy_group: int | None = None,
+    prompt_loss: bool = True,
 ) -> tuple[Eagle3Head, dict[str, Any]]:
     """Trains for ``budget_s`` CPU seconds (the step count sized from the first 20 steps) or,
     given ``steps``, for exactly that many (reproducible on any machine). With ``checkpoint``,
@@ -205,7 +209,8 @@ def train(
     (``eagle3.safetensors`` of ``save``) instead of the target's last layer, with a fresh
     warm-up + cosine to ``peak_lr`` (a warm restart: how the committed head gets more passes).
     ``copy_group``: ``harness.models.eagle3_copy``'s recipe on that attention group (its
-    attention taught first, then an extra loss and copy-heavy draws instead of epochs)."""
+    attention taught first, then an extra loss and copy-heavy draws instead of epochs).
+    ``prompt_loss``: step 1 learns at the prompt's positions too (``_unroll``)."""
     from harness.models.optim import lr_at, optimizer_step, split
 
     torch.manual_seed(seed)
@@ -265,7 +270,8 @@ def train(
             g["lr"] = lr_at(step, est or 10**4, peak_lr)
         s = sample() if sample is not None else train_set[order[k]]
         loss = torch.zeros(())
-        for w, (logits, lab, _) in zip(STEP_WEIGHTS, _unroll(head, s, vocab, TTT_STEPS)):
+        unrolled = _unroll(head, s, vocab, TTT_STEPS, prompt_loss)
+        for w, (logits, lab, _) in zip(STEP_WEIGHTS, unrolled):
             if len(lab):
                 loss = loss + w * nn.functional.cross_entropy(logits, lab)
         if (
@@ -300,6 +306,7 @@ def train(
         "draft_vocab_size": len(vocab),
         "peak_lr": peak_lr,
         "lm_head": "trained" if train_lm_head else "the target's rows, frozen",
+        "loss_on": "all" if prompt_loss else "output",
         "val_sequences": len(val),
         "top1_agreement_per_step": evaluate(head, val, vocab),
     }

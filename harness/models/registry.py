@@ -253,6 +253,13 @@ def main(argv: list[str]) -> int:
         help="with --train --more --train-lm-head: widen the committed head's draft vocabulary "
         "to N tokens (the training sets' most frequent others, their rows from the target's)",
     )
+    b.add_argument(
+        "--loss-on",
+        choices=("all", "output"),
+        default="all",
+        help="with --train: where the head's first draft step learns: every position (all, "
+        "the default) or only the answers' (output, as SpecForge's loss mask)",
+    )
     b.add_argument("--threads", type=int, default=2, help="with --train: torch threads (default 2)")
     b.add_argument(
         "--sets",
@@ -327,6 +334,7 @@ def main(argv: list[str]) -> int:
                     peak_lr=args.lr,
                     copy_group=args.copy_group,
                     draft_vocab_size=args.draft_vocab,
+                    prompt_loss=args.loss_on == "all",
                     sets=tuple(args.sets.split(",")) if args.sets else None,
                     command=shlex.join(["python", "-m", "harness", "models", *argv]),
                 )

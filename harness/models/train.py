@@ -191,7 +191,8 @@ def save_draft(draft: Any, out: Path) -> None:
 
 def _train_head(model: Any, data: list[dict[str, Any]], vocab: Any, seed: int, steps: int,
                 ckpt: Path, progress: bool, init: Path | None, train_lm_head: bool, peak: float,
-                out: Path, copy_group: int | None = None) -> dict[str, Any]:  # fmt: skip
+                out: Path, copy_group: int | None = None,
+                prompt_loss: bool = True) -> dict[str, Any]:  # fmt: skip
     """The EAGLE-3 head's ``steps`` (``harness.models.eagle3.train``), saved into ``out``."""
     from harness.models import eagle3
     from harness.models import eagle3_checkpoint as files
@@ -199,7 +200,7 @@ def _train_head(model: Any, data: list[dict[str, Any]], vocab: Any, seed: int, s
     head, info = eagle3.train(model, data, vocab, seed, float("inf"), steps=steps,
                               checkpoint=ckpt, progress=progress, init=init,
                               train_lm_head=train_lm_head, peak_lr=peak,
-                              copy_group=copy_group)  # fmt: skip
+                              copy_group=copy_group, prompt_loss=prompt_loss)  # fmt: skip
     files.save(head, vocab, out, files.head_config(model.config.to_dict(), len(vocab)))
     return info
 
@@ -240,6 +241,7 @@ def train_all(
     command: str = "python -m harness models build --train",
     copy_group: int | None = None,
     draft_vocab_size: int | None = None,
+    prompt_loss: bool = True,
 ) -> dict[str, Any]:
     """Answers, features, the EAGLE-3 head (``epochs`` passes over the training sequences) and,
     given ``draft_s`` CPU seconds, the draft (else the committed draft stays), into
@@ -253,7 +255,8 @@ def train_all(
     ``copy_group``: the head learns to copy (``harness.models.eagle3_copy``).
     ``draft_vocab_size``: with ``more``, the committed head's draft vocabulary widened to this
     many tokens (the most frequent others of these sets), its rows trained from the target's
-    (``train_lm_head``). ``command``: what
+    (``train_lm_head``). ``prompt_loss``: False, the head's first step learns only on the
+    answers' positions (``harness.models.eagle3._unroll``). ``command``: what
     ran it, for the ``made_on`` lines (the build's and each retrained speculator's; a kept one
     keeps its own)."""
     import math
@@ -320,6 +323,7 @@ def train_all(
     tag += ("-lm_head" if train_lm_head else "") + (f"-lr{peak:g}" if peak_lr else "")
     tag += f"-copy{copy_group}" if copy_group is not None else ""
     tag += f"-vocab{len(vocab)}" if widened_from else ""
+    tag += "" if prompt_loss else "-outloss"
     sets_tag = "" if sets == ("mixed-0-3000",) else "-" + "+".join(sets)  # the first build's name
     ckpt = distill.WORK / f"eagle3-{seed}-{distill.PROMPTS}{sets_tag}-{steps}{tag}.ckpt"
     build = sm.TRAINED_DIR / "BUILD.json"  # the committed speculators' record
@@ -333,7 +337,7 @@ def train_all(
         e_info = {**old.get("eagle3", {}), "kept": "the committed head (not retrained)"}
     else:
         e_info = _train_head(model, data, vocab, seed, steps, ckpt, progress, init,
-                             train_lm_head, peak, out, copy_group)  # fmt: skip
+                             train_lm_head, peak, out, copy_group, prompt_loss)  # fmt: skip
         e_info["epochs"] = epochs
         if init is not None:
             e_info["started_from"] = f"the committed head, sha256 {init_sha}"
