@@ -279,3 +279,22 @@ def test_retrained_weights_are_reassembled(smollm2: dict[str, str], tmp_path: Pa
     assert json.loads((root / "eagle3" / "config.json").read_text())["rms_norm_eps"] == 1e-6
     assert _sha(root / "eagle3" / "model.safetensors") == before  # weights unchanged
     assert (root / "draft" / smollm.STAMP).read_text() == stamp_before  # left alone
+
+
+def test_the_wide_held_out_set_is_every_other_never_trained_prompt(
+    smollm2: dict[str, str],
+) -> None:
+    """``python -m harness.models.evaluate --wide``: the held-out prompts besides the default
+    workload's, each category's, none trained on (the corpus never takes Spec-Bench's)."""
+    from transformers import AutoTokenizer
+
+    from harness.models import evaluate as models_eval
+    from harness.models.data import all_prompts, held_out
+
+    wide = models_eval.wide_prompt_ids(AutoTokenizer.from_pretrained(smollm2["target"]))
+    ids = {r["id"] for r in wide}
+    default = {"81", "401", "243", "code-02"}  # workloads/data/default.jsonl
+    assert ids <= held_out() and not ids & default and len(ids) == len(wide) >= 48
+    categories = {r["category"] for r in all_prompts()}
+    assert {r["category"] for r in wide} == categories
+    assert max(len(r["prompt_ids"]) for r in wide) <= models_eval.WIDE_MAX_PROMPT
