@@ -104,9 +104,7 @@ def held_out_sequences(
     prompts = []
     for line in _default_lines()[:n_prompts]:
         r = json.loads(line)
-        text = tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False)
-        ids = tok(text, add_special_tokens=False)["input_ids"]
-        prompts.append({"id": r["id"], "category": r["category"], "prompt_ids": list(ids)})
+        prompts.append(_chat_prompt(tok, r["id"], r["category"], r["messages"]))
     return generate(target_model, prompts, n_tokens, batch=len(prompts), progress=False)
 
 
@@ -122,15 +120,19 @@ def wide_prompt_ids(tok: Any) -> list[dict[str, Any]]:
 
     default = {json.loads(line)["id"] for line in _default_lines()}
     held = held_out() - default
-    out = []
-    for r in all_prompts():
-        if r["id"] in held:
-            messages = [{"role": "user", "content": r["prompt"]}]
-            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            ids = tok(text, add_special_tokens=False)["input_ids"]
-            if len(ids) <= WIDE_MAX_PROMPT:
-                out.append({"id": r["id"], "category": r["category"], "prompt_ids": list(ids)})
-    return out
+    chats = (
+        _chat_prompt(tok, r["id"], r["category"], [{"role": "user", "content": r["prompt"]}])
+        for r in all_prompts()
+        if r["id"] in held
+    )
+    return [c for c in chats if len(c["prompt_ids"]) <= WIDE_MAX_PROMPT]
+
+
+def _chat_prompt(tok: Any, pid: str, category: str, messages: list[Any]) -> dict[str, Any]:
+    """A prompt as ``harness.models.data.generate`` takes it: the chat template's token ids."""
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    return {"id": pid, "category": category, "prompt_ids": list(ids)}
 
 
 def _default_lines() -> list[str]:
