@@ -11,7 +11,7 @@ from unittest import mock
 
 import pytest
 
-from harness.models import corpus, distill, eagle3, eagle3_checkpoint, prose
+from harness.models import corpus, distill, eagle3, eagle3_checkpoint, genres, prose
 from harness.models import registry as models
 
 DATA = Path(__file__).resolve().parents[1] / "workloads" / "data"
@@ -59,6 +59,19 @@ def test_a_digest_set_summarizes_its_prose_sets_articles() -> None:
     assert len({r["prompt"] for r in many}) == len(prose.DIGEST_TEMPLATES)  # all drawn
     with pytest.raises(FileNotFoundError, match="prose-7-3"):  # no articles, no digest
         distill.set_prompts("digest", 7, 3)
+
+
+def test_genre_prompts_are_seeded_distinct_and_every_template_is_drawn() -> None:
+    """Each of the genre set's templates is asked (its point is their spread), with every slot
+    filled; the same seed gives the same prompts."""
+    rows = genres.genre_prompts(2000, seed=0)
+    assert rows == genres.genre_prompts(2000, seed=0) != genres.genre_prompts(2000, seed=1)
+    assert len({r["prompt"] for r in rows}) == len(rows) == 2000
+    assert [r["id"] for r in rows[:2]] == ["genre-00000", "genre-00001"]
+    assert not any("{" in r["prompt"] for r in rows)
+    heads = {t.split("{", 1)[0] for t in genres.GENRE_TEMPLATES + genres.WORD_PROBLEMS}
+    drawn = {h for h in heads if any(r["prompt"].startswith(h) for r in rows)}
+    assert drawn == heads
 
 
 def _own_sets() -> list[str]:
