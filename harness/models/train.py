@@ -214,6 +214,9 @@ def _prompts_line(sets: tuple[str, ...]) -> str:
     if any(distill.parse_set(name)[0] in ("prose", "digest") for name in sets):
         line += " and harness/models/prose.py (articles, posts and reports the target writes, "
         line += "then summaries of them)"
+    if any(distill.parse_set(name)[0] == "genre" for name in sets):
+        line += " and harness/models/genres.py (letters, speeches, product pages, dialogues, "
+        line += "roleplay, knowledge questions, riddles, multi-step word problems)"
     return line + "; none of Spec-Bench or the default workload"
 
 
