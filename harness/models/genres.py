@@ -18,7 +18,7 @@ import random
 from typing import Any
 
 from harness.models.corpus import TOPICS
-from harness.models.prose import EVENTS, PLACES
+from harness.models.prose import EVENTS, PLACES, distinct_prompts
 
 ROLES = (
     "a nurse", "a high school teacher", "a software engineer", "a farmer", "a chef",
@@ -147,11 +147,8 @@ def genre_prompts(n: int, seed: int = 0) -> list[dict[str, Any]]:
     """``n`` distinct genre prompts (id "genre-NNNNN", category "genre"): four in five from
     GENRE_TEMPLATES, one in five a multi-step word problem; seeded."""
     rng = random.Random(seed)
-    out: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    for _ in range(100 * n):
-        if len(out) == n:
-            break
+
+    def draw() -> str:
         name, other, third = rng.sample(NAMES, 3)
         t, u = rng.sample(TOPICS, 2)
         role = rng.choice(ROLES)
@@ -162,8 +159,6 @@ def genre_prompts(n: int, seed: int = 0) -> list[dict[str, Any]]:
             "a": rng.randint(2, 59), "b": rng.randint(2, 30), "c": rng.randint(2, 25),
         }  # fmt: skip
         table = WORD_PROBLEMS if rng.random() < 0.2 else GENRE_TEMPLATES
-        text = rng.choice(table).format(**slots)
-        if text not in seen:
-            seen.add(text)
-            out.append({"id": f"genre-{len(out):05d}", "category": "genre", "prompt": text})
-    return out
+        return rng.choice(table).format(**slots)
+
+    return distinct_prompts("genre", n, draw)

@@ -13,6 +13,7 @@ a prompt the harness evaluates on (tests/test_distill.py checks).
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 from harness.models.corpus import TOPICS
@@ -68,21 +69,31 @@ DIGEST_TEMPLATES = (
 MIN_ARTICLE_CHARS = 400  # an article shorter than this (a refusal, a list) is not summarized
 
 
-def prose_prompts(n: int, seed: int = 0) -> list[dict[str, Any]]:
-    """``n`` distinct writing prompts (id "prose-NNNNN", category "prose"); seeded."""
-    rng = random.Random(seed)
+def distinct_prompts(kind: str, n: int, draw: Callable[[], str]) -> list[dict[str, Any]]:
+    """``n`` distinct prompts from ``draw`` (id "KIND-NNNNN", category ``kind``), a repeat
+    drawn again; fewer where 100 x ``n`` draws do not give ``n``."""
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
     for _ in range(100 * n):
         if len(out) == n:
             break
-        text = rng.choice(PROSE_TEMPLATES).format(
-            event=rng.choice(EVENTS), place=rng.choice(PLACES), t=rng.choice(TOPICS)
-        )
+        text = draw()
         if text not in seen:
             seen.add(text)
-            out.append({"id": f"prose-{len(out):05d}", "category": "prose", "prompt": text})
+            out.append({"id": f"{kind}-{len(out):05d}", "category": kind, "prompt": text})
     return out
+
+
+def prose_prompts(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` distinct writing prompts (id "prose-NNNNN", category "prose"); seeded."""
+    rng = random.Random(seed)
+
+    def draw() -> str:
+        return rng.choice(PROSE_TEMPLATES).format(
+            event=rng.choice(EVENTS), place=rng.choice(PLACES), t=rng.choice(TOPICS)
+        )
+
+    return distinct_prompts("prose", n, draw)
 
 
 def digest_prompts(articles: list[tuple[str, str]], seed: int = 0) -> list[dict[str, Any]]:
