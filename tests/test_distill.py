@@ -11,7 +11,7 @@ from unittest import mock
 
 import pytest
 
-from harness.models import corpus, distill, eagle3, eagle3_checkpoint, genres, prose
+from harness.models import compose, corpus, distill, eagle3, eagle3_checkpoint, genres, prose
 from harness.models import registry as models
 
 DATA = Path(__file__).resolve().parents[1] / "workloads" / "data"
@@ -70,6 +70,21 @@ def test_genre_prompts_are_seeded_distinct_and_every_template_is_drawn() -> None
     assert [r["id"] for r in rows[:2]] == ["genre-00000", "genre-00001"]
     assert not any("{" in r["prompt"] for r in rows)
     heads = {t.split("{", 1)[0] for t in genres.GENRE_TEMPLATES + genres.WORD_PROBLEMS}
+    drawn = {h for h in heads if any(r["prompt"].startswith(h) for r in rows)}
+    assert drawn == heads
+
+
+def test_compose_prompts_are_seeded_distinct_and_every_template_is_drawn() -> None:
+    """Each compose template is asked, every slot filled (no brace left, no "your" where the
+    template speaks as "I" or of "a"), and the same seed gives the same prompts."""
+    rows = compose.compose_prompts(2000, seed=0)
+    assert rows == compose.compose_prompts(2000, seed=0) != compose.compose_prompts(2000, seed=1)
+    assert len({r["prompt"] for r in rows}) == len(rows) == 2000
+    assert [r["id"] for r in rows[:2]] == ["compose-00000", "compose-00001"]
+    assert {r["category"] for r in rows} == {"compose"}
+    assert not any("{" in r["prompt"] or "}" in r["prompt"] for r in rows)
+    assert not any("knew before your" in r["prompt"] for r in rows)
+    heads = {t.split("{", 1)[0] for t in compose.COMPOSE_TEMPLATES}
     drawn = {h for h in heads if any(r["prompt"].startswith(h) for r in rows)}
     assert drawn == heads
 

@@ -29,15 +29,16 @@ WORK = sm.CACHE_DIR.parent / "train"
 PROMPTS = 3000
 ANSWER_TOKENS = 256
 # tokens, per kind of set
-MAX_PROMPT = {"mixed": 384, "long": 1024, "prose": 128, "digest": 512, "genre": 160}
+MAX_PROMPT = {"mixed": 384, "long": 1024, "prose": 128, "digest": 512, "genre": 160, "compose": 160}
 BATCH = 256  # prompts per vLLM call: one JSONL flush each
 FEATURE_TOKENS = 6144  # tokens per teacher-forced HF batch
 # The build's training sets, "kind-seed-prompts": corpus.prompts (mixed; a seed > 0 drops the
 # lower seeds' prompts: ``set_prompts``) and corpus.long_prompts (long): the committed head's.
 SETS = ("mixed-0-3000", "mixed-1-2500", "long-0-524")
 # Sets --sets can name beside them: prose.prose_prompts (prose), prose.digest_prompts over
-# the answers of the prose set of that seed and size (digest) and genres.genre_prompts (genre).
-OTHER_SETS = ("prose-0-600", "digest-0-600", "genre-0-2000")
+# the answers of the prose set of that seed and size (digest), genres.genre_prompts (genre) and
+# compose.compose_prompts (compose).
+OTHER_SETS = ("prose-0-600", "digest-0-600", "genre-0-2000", "compose-0-2000")
 SUMMARIZES = {"digest": "prose"}  # a kind whose prompts are another set's answers
 
 
@@ -63,7 +64,7 @@ def set_prompts(kind: str, seed: int, n: int, target: Path | None = None) -> lis
     drops the prompts of ``corpus.prompts(PROMPTS, s')`` for every s' < s (the lower seeds'
     sets at the full PROMPTS, whatever size they were built at). A digest set's prompts are its
     prose set's answers (there first), decoded by ``target``'s tokenizer (default SmolLM2's)."""
-    from harness.models import corpus, genres, prose
+    from harness.models import compose, corpus, genres, prose
 
     if kind == "long":
         return corpus.long_prompts(n, seed)
@@ -71,6 +72,8 @@ def set_prompts(kind: str, seed: int, n: int, target: Path | None = None) -> lis
         return prose.prose_prompts(n, seed)
     if kind == "genre":
         return genres.genre_prompts(n, seed)
+    if kind == "compose":
+        return compose.compose_prompts(n, seed)
     if kind == "digest":
         return prose.digest_prompts(_articles(seed, n, target or sm.FAMILY_DIR / "target"), seed)
     rows = corpus.prompts(n, seed)

@@ -217,6 +217,9 @@ def _prompts_line(sets: tuple[str, ...]) -> str:
     if any(distill.parse_set(name)[0] == "genre" for name in sets):
         line += " and harness/models/genres.py (letters, speeches, product pages, dialogues, "
         line += "roleplay, knowledge questions, riddles, multi-step word problems)"
+    if any(distill.parse_set(name)[0] == "compose" for name in sets):
+        line += " and harness/models/compose.py (first-person accounts, writing for an "
+        line += "audience, tone or length, stories from a given opening)"
     return line + "; none of Spec-Bench or the default workload"
 
 
