@@ -85,6 +85,11 @@ def test_a_methods_k_at_a_load_is_its_chosen_else_best_raced_else_best_predicted
         cand("eagle3", 1, "pruned", None, 1.18)]}  # fmt: skip
     assert committed.best_k(probe, "draft_model") == 1
     assert committed.best_k(probe, "eagle3") == 2  # predicted below the raced arm's prediction
+    # both raced: the measured best (K 4, 1.28x) though K 6 was predicted higher (1.22x > 1.19x)
+    both = {"load": 1, "chosen": "eagle3(k=2)", "candidates": [
+        cand("ngram", 4, "undecided", 1.28, 1.19), cand("ngram", 6, "eliminated", 1.24, 1.22),
+        cand("ngram", 2, "pruned", None, 1.15)]}  # fmt: skip
+    assert committed.best_k(both, "ngram") == 4
     assert committed.method_ks(TUNE, "draft_model", [1, 4]) == {1: 1, 4: 1}  # carried forward
     assert committed.method_ks(TUNE, "eagle3", [1, 2, 8]) == {1: 2, 2: 2, 8: 1}
     assert committed.method_ks(TUNE, "mtp", [1, 4]) == {}

@@ -94,7 +94,7 @@ def best_k(entry: Mapping[str, Any], method: str) -> int | None:
     chosen = [c for c in mine if c.get("arm") == entry.get("chosen")]
     if chosen:
         return int(chosen[0]["k"])
-    predicted = [c for c in mine if c.get("predicted") is not None]
+    predicted = [c for c in mine if c.get("status") == "pruned" and c.get("predicted") is not None]
     best_predicted = min(predicted, key=lambda c: (-c["predicted"], c["k"])) if predicted else None
     raced = [c for c in mine if c.get("status") != "pruned" and _estimate(c) is not None]
     if raced:
