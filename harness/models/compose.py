@@ -1,9 +1,8 @@
 """Compose training prompts of SmolLM2's speculators: long-form writing asked the way people ask
 a chat model, with an audience, a tone, a length or a point of view, many in the first person.
 
-Why: after the corpus, prose and genre sets the head agrees with the target on about half of the
-held-out first draft positions, and least on open writing (the default workload's blog post: 17
-of 64). The target opens such answers in its own stock phrases ("As I stepped off ...", "In
+Why: after the corpus, prose and genre sets the head drafted open writing worst of the default
+workload's prompts (its travel blog post; figures in docs/measurements.md). The target opens such answers in its own stock phrases ("As I stepped off ...", "In
 today's fast-paced world ...") and keeps a register per request: a personal account, an
 explainer for children, a persuasive pitch, a story that must start with a given sentence. None
 of the earlier templates asks for a point of view or a constraint, so the head met few of those
