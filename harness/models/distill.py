@@ -66,14 +66,12 @@ def set_prompts(kind: str, seed: int, n: int, target: Path | None = None) -> lis
     prose set's answers (there first), decoded by ``target``'s tokenizer (default SmolLM2's)."""
     from harness.models import compose, corpus, genres, prose
 
-    if kind == "long":
-        return corpus.long_prompts(n, seed)
-    if kind == "prose":
-        return prose.prose_prompts(n, seed)
-    if kind == "genre":
-        return genres.genre_prompts(n, seed)
-    if kind == "compose":
-        return compose.compose_prompts(n, seed)
+    seeded = {
+        "long": corpus.long_prompts, "prose": prose.prose_prompts,
+        "genre": genres.genre_prompts, "compose": compose.compose_prompts,
+    }  # fmt: skip
+    if kind in seeded:
+        return seeded[kind](n, seed)
     if kind == "digest":
         return prose.digest_prompts(_articles(seed, n, target or sm.FAMILY_DIR / "target"), seed)
     rows = corpus.prompts(n, seed)

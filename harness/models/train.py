@@ -205,21 +205,28 @@ def _train_head(model: Any, data: list[dict[str, Any]], vocab: Any, seed: int, s
     return info
 
 
+# The modules that build each kind of training set's prompts, as BUILD.json's data.prompts says
+# them (the corpus's always; the others where a set of one of their kinds trained).
+_PROMPT_SOURCES = (
+    (("prose", "digest"), "harness/models/prose.py (articles, posts and reports the target "
+     "writes, then summaries of them)"),
+    (("genre",), "harness/models/genres.py (letters, speeches, product pages, dialogues, "
+     "roleplay, knowledge questions, riddles, multi-step word problems)"),
+    (("compose",), "harness/models/compose.py (first-person accounts, writing for an audience, "
+     "tone or length, stories from a given opening)"),
+)  # fmt: skip
+
+
 def _prompts_line(sets: tuple[str, ...]) -> str:
     """BUILD.json's data.prompts: where these sets' prompts come from."""
     from harness.models import distill
 
+    kinds = {distill.parse_set(name)[0] for name in sets}
     line = "harness/models/corpus.py (open tasks, CPython sources and docstrings, arithmetic, "
     line += "Python reference sections)"
-    if any(distill.parse_set(name)[0] in ("prose", "digest") for name in sets):
-        line += " and harness/models/prose.py (articles, posts and reports the target writes, "
-        line += "then summaries of them)"
-    if any(distill.parse_set(name)[0] == "genre" for name in sets):
-        line += " and harness/models/genres.py (letters, speeches, product pages, dialogues, "
-        line += "roleplay, knowledge questions, riddles, multi-step word problems)"
-    if any(distill.parse_set(name)[0] == "compose" for name in sets):
-        line += " and harness/models/compose.py (first-person accounts, writing for an "
-        line += "audience, tone or length, stories from a given opening)"
+    for source_kinds, source in _PROMPT_SOURCES:
+        if kinds.intersection(source_kinds):
+            line += " and " + source
     return line + "; none of Spec-Bench or the default workload"
 
 
