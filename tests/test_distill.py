@@ -59,6 +59,26 @@ def test_a_digest_set_summarizes_its_prose_sets_articles() -> None:
     assert len({r["prompt"] for r in many}) == len(prose.DIGEST_TEMPLATES)  # all drawn
     with pytest.raises(FileNotFoundError, match="prose-7-3"):  # no articles, no digest
         distill.set_prompts("digest", 7, 3)
+    briefs = prose.digest_prompts(articles, seed=0, kind="brief")
+    assert [r["id"] for r in briefs] == ["brief-prose-00000", "brief-prose-00002"]
+    assert {r["category"] for r in briefs} == {"brief"}
+    with pytest.raises(FileNotFoundError, match="report-7-3"):  # a brief set summarizes reports
+        distill.set_prompts("brief", 7, 3)
+
+
+def test_report_prompts_are_seeded_distinct_and_answered_long() -> None:
+    """Every report template is asked with its slots filled; a report is answered at up to
+    LONG_ANSWERS' tokens (and its files say so), every other kind at ANSWER_TOKENS."""
+    rows = prose.report_prompts(600, seed=0)
+    assert rows == prose.report_prompts(600, seed=0) != prose.report_prompts(600, seed=1)
+    assert len({r["prompt"] for r in rows}) == len(rows) == 600
+    assert {r["category"] for r in rows} == {"report"} and rows[0]["id"] == "report-00000"
+    assert not any("{" in r["prompt"] for r in rows)
+    heads = {t.split("{", 1)[0] for t in prose.REPORT_TEMPLATES}
+    assert heads == {h for h in heads if any(r["prompt"].startswith(h) for r in rows)}
+    assert distill.answer_tokens("report") == 640 > distill.answer_tokens("brief") == 256
+    assert distill.answers_path(0, 600, "report").name == "answers-report-0-600-640.jsonl"
+    assert distill.feature_dir(0, 600, "brief").name == "features-brief-0-600-256"
 
 
 def test_genre_prompts_are_seeded_distinct_and_every_template_is_drawn() -> None:
@@ -90,9 +110,14 @@ def test_compose_prompts_are_seeded_distinct_and_every_template_is_drawn() -> No
 
 
 def _own_sets() -> list[str]:
-    """The training sets whose prompts are built without the target (not a digest set)."""
-    every = distill.SETS + distill.OTHER_SETS
-    return [n for n in every if distill.parse_set(n)[0] not in distill.SUMMARIZES]
+    """The training sets whose prompts are built without the target: a summarizing set (digest,
+    brief) stands for the set whose articles it summarizes (prose, report)."""
+    names = []
+    for name in distill.SETS + distill.OTHER_SETS:
+        kind, seed, n = distill.parse_set(name)
+        name = f"{distill.SUMMARIZES.get(kind, kind)}-{seed}-{n}"
+        names += [] if name in names else [name]
+    return names
 
 
 def test_the_training_sets_are_disjoint_and_the_long_ones_long() -> None:
@@ -266,26 +291,32 @@ def test_answers_come_from_vllm_in_a_child_and_resume(
 
 
 @pytest.mark.usefixtures("tiny_pair")
-def test_a_digest_sets_answers_summarize_its_prose_sets_answers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("kind", ["digest", "brief"])
+def test_a_summarizing_sets_answers_summarize_its_source_sets_answers(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Asked for a digest set, the answers stage first answers its prose set (vLLM on the tiny
-    target), then prompts with those answers decoded: each digest prompt holds its article."""
+    """Asked for a digest (brief) set, the answers stage first answers its prose (report) set,
+    vLLM on the tiny target, at that set's answer length, then prompts with those answers
+    decoded: each summary prompt holds its article."""
     from transformers import AutoTokenizer
 
     monkeypatch.setattr(distill, "WORK", tmp_path)
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     monkeypatch.setattr(prose, "MIN_ARTICLE_CHARS", 1)  # the tiny target writes little
+    monkeypatch.setattr(distill, "LONG_ANSWERS", {"report": 6})  # shorter than it writes
     target = models.tiny_path("target")
-    path = distill.generate_answers(target, 0, 3, progress=False, kind="digest")
-    articles = distill.load_answers(distill.answers_path(0, 3, "prose"))
+    source = distill.SUMMARIZES[kind]
+    path = distill.generate_answers(target, 0, 3, progress=False, kind=kind)
+    articles = distill.load_answers(distill.answers_path(0, 3, source))
+    longest = max(len(a["output_ids"]) for a in articles)
+    assert (longest == 6) if kind == "brief" else (6 < longest <= distill.ANSWER_TOKENS)
     digests = {r["id"]: r for r in distill.load_answers(path)}
     assert len(articles) == 3 and digests
     tok = AutoTokenizer.from_pretrained(target)
     for a in articles:
         text = tok.decode(a["output_ids"], skip_special_tokens=True).strip()
         if text:
-            asked = tok.decode(digests[f"digest-{a['id']}"]["prompt_ids"])
+            asked = tok.decode(digests[f"{kind}-{a['id']}"]["prompt_ids"])
             assert text in asked
 
 

@@ -27,19 +27,29 @@ from harness.models import smollm as sm
 
 WORK = sm.CACHE_DIR.parent / "train"
 PROMPTS = 3000
-ANSWER_TOKENS = 256
+ANSWER_TOKENS = 256  # the most tokens of an answer, but for the kinds in LONG_ANSWERS
+LONG_ANSWERS = {"report": 640}  # articles as long as the default workload's news summary reads
 # tokens, per kind of set
-MAX_PROMPT = {"mixed": 384, "long": 1024, "prose": 128, "digest": 512, "genre": 160, "compose": 160}
+MAX_PROMPT = {
+    "mixed": 384, "long": 1024, "prose": 128, "digest": 512, "genre": 160, "compose": 160,
+    "report": 128, "brief": 768,
+}  # fmt: skip
 BATCH = 256  # prompts per vLLM call: one JSONL flush each
 FEATURE_TOKENS = 6144  # tokens per teacher-forced HF batch
 # The build's training sets, "kind-seed-prompts": corpus.prompts (mixed; a seed > 0 drops the
 # lower seeds' prompts: ``set_prompts``) and corpus.long_prompts (long): the committed head's.
 SETS = ("mixed-0-3000", "mixed-1-2500", "long-0-524")
 # Sets --sets can name beside them: prose.prose_prompts (prose), prose.digest_prompts over
-# the answers of the prose set of that seed and size (digest), genres.genre_prompts (genre) and
-# compose.compose_prompts (compose).
-OTHER_SETS = ("prose-0-600", "digest-0-600", "genre-0-2000", "compose-0-2000")
-SUMMARIZES = {"digest": "prose"}  # a kind whose prompts are another set's answers
+# the answers of the prose set of that seed and size (digest), genres.genre_prompts (genre),
+# compose.compose_prompts (compose), prose.report_prompts (report) and digest_prompts over a
+# report set's answers (brief).
+OTHER_SETS = ("prose-0-600", "digest-0-600", "genre-0-2000", "compose-0-2000", "brief-0-600")
+SUMMARIZES = {"digest": "prose", "brief": "report"}  # a kind whose prompts are another's answers
+
+
+def answer_tokens(kind: str) -> int:
+    """The most tokens the target answers a prompt of this kind with."""
+    return LONG_ANSWERS.get(kind, ANSWER_TOKENS)
 
 
 def parse_set(name: str) -> tuple[str, int, int]:
@@ -52,7 +62,7 @@ def parse_set(name: str) -> tuple[str, int, int]:
 
 def _stem(seed: int, n: int, kind: str) -> str:
     """A set's file stem: mixed sets keep the names the first build's files had."""
-    return f"{'' if kind == 'mixed' else kind + '-'}{seed}-{n}-{ANSWER_TOKENS}"
+    return f"{'' if kind == 'mixed' else kind + '-'}{seed}-{n}-{answer_tokens(kind)}"
 
 
 def answers_path(seed: int, n: int = PROMPTS, kind: str = "mixed") -> Path:
@@ -62,18 +72,21 @@ def answers_path(seed: int, n: int = PROMPTS, kind: str = "mixed") -> Path:
 def set_prompts(kind: str, seed: int, n: int, target: Path | None = None) -> list[dict[str, Any]]:
     """The prompts of one training set, ids unique across sets: a mixed set of seed s > 0
     drops the prompts of ``corpus.prompts(PROMPTS, s')`` for every s' < s (the lower seeds'
-    sets at the full PROMPTS, whatever size they were built at). A digest set's prompts are its
-    prose set's answers (there first), decoded by ``target``'s tokenizer (default SmolLM2's)."""
+    sets at the full PROMPTS, whatever size they were built at). A digest (brief) set's prompts
+    are its prose (report) set's answers (there first), decoded by ``target``'s tokenizer
+    (default SmolLM2's)."""
     from harness.models import compose, corpus, genres, prose
 
     seeded = {
         "long": corpus.long_prompts, "prose": prose.prose_prompts,
         "genre": genres.genre_prompts, "compose": compose.compose_prompts,
+        "report": prose.report_prompts,
     }  # fmt: skip
     if kind in seeded:
         return seeded[kind](n, seed)
-    if kind == "digest":
-        return prose.digest_prompts(_articles(seed, n, target or sm.FAMILY_DIR / "target"), seed)
+    if kind in SUMMARIZES:
+        articles = _articles(kind, seed, n, target or sm.FAMILY_DIR / "target")
+        return prose.digest_prompts(articles, seed, kind)
     rows = corpus.prompts(n, seed)
     if seed == 0:
         return rows
@@ -81,11 +94,15 @@ def set_prompts(kind: str, seed: int, n: int, target: Path | None = None) -> lis
     return [{**r, "id": f"s{seed}-{r['id']}"} for r in rows if r["prompt"] not in earlier]
 
 
-def _articles(seed: int, n: int, target: Path) -> list[tuple[str, str]]:
-    """(id, text) of the prose set ``prose-seed-n``'s answers, which its digest set summarizes."""
-    path = answers_path(seed, n, SUMMARIZES["digest"])
+def _articles(kind: str, seed: int, n: int, target: Path) -> list[tuple[str, str]]:
+    """(id, text) of the answers of the set that ``kind-seed-n`` summarizes (a digest set its
+    prose set's, a brief set its report set's)."""
+    source = SUMMARIZES[kind]
+    path = answers_path(seed, n, source)
     if not path.is_file():
-        raise FileNotFoundError(f"digest-{seed}-{n} summarizes prose-{seed}-{n}: {path} is missing")
+        raise FileNotFoundError(
+            f"{kind}-{seed}-{n} summarizes {source}-{seed}-{n}: {path} is missing"
+        )
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(target)
@@ -139,7 +156,8 @@ def generate_answers(
         if not rows:
             return path
         child = multiprocessing.get_context("spawn").Process(
-            target=_answer, args=(str(target), path, rows, seed, limit, progress)
+            target=_answer,
+            args=(str(target), path, rows, seed, limit, answer_tokens(kind), progress),
         )
         child.start()
         child.join()
@@ -168,7 +186,13 @@ def _sole_writer(path: Path) -> Iterator[None]:
 
 
 def _answer(
-    target: str, path: Path, rows: list[dict[str, Any]], seed: int, limit: int, progress: bool
+    target: str,
+    path: Path,
+    rows: list[dict[str, Any]],
+    seed: int,
+    limit: int,
+    max_tokens: int,
+    progress: bool,
 ) -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "6")
@@ -177,23 +201,25 @@ def _answer(
     llm = LLM(
         model=target,
         dtype="bfloat16",
-        max_model_len=limit + ANSWER_TOKENS,
+        max_model_len=limit + max_tokens,
         max_num_seqs=BATCH,
         enforce_eager=True,
         seed=seed,
     )
     try:
-        _answer_batches(llm, path, rows, progress)
+        _answer_batches(llm, path, rows, max_tokens, progress)
     finally:
         # the child's exit joins its own children before any atexit handler runs, so an engine
         # core never told to stop held a finished set's child (and the build) for good
         llm.llm_engine.engine_core.shutdown()
 
 
-def _answer_batches(llm: Any, path: Path, rows: list[dict[str, Any]], progress: bool) -> None:
+def _answer_batches(
+    llm: Any, path: Path, rows: list[dict[str, Any]], max_tokens: int, progress: bool
+) -> None:
     from vllm import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=ANSWER_TOKENS)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     t0, made = time.perf_counter(), 0
     for b0 in range(0, len(rows), BATCH):
         chunk = rows[b0 : b0 + BATCH]

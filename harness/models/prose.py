@@ -1,5 +1,6 @@
 """Prose training prompts of SmolLM2's speculators, in two rounds: the target writes articles,
-blog posts and reports (``prose_prompts``), then summarizes its own articles (``digest_prompts``).
+blog posts and reports (``prose_prompts``, long reports: ``report_prompts``), then summarizes its
+own articles (``digest_prompts``).
 
 Why: the held-out default prompts include a travel blog post and a news summary, and
 ``harness.models.corpus`` has neither news-like prose nor a summary of it (its passages are
@@ -68,6 +69,24 @@ DIGEST_TEMPLATES = (
 )
 MIN_ARTICLE_CHARS = 400  # an article shorter than this (a refusal, a list) is not summarized
 
+# Long news reports (``report_prompts``, answered at up to distill's 640 tokens where the prose
+# set stops at 256): a summary of one (``brief``) reads a 500-700-token article, as the default
+# workload's news summary does, where a digest reads 300 tokens at most.
+REPORT_TEMPLATES = (
+    "Write a long, detailed news report on {event} in {place}. Quote officials, witnesses and "
+    "documents, give the background, and end with what happens next.",
+    "Write a newspaper article of about 600 words on {event} in {place}, with the reactions of "
+    "local people, a spokesperson's statement and figures from an official report.",
+    "Write an in-depth news story about {event} in {place}: what happened, when it was first "
+    "reported, who is responsible, what critics say and what the authorities promised.",
+    "Write a full-length news article revealing new details about {event} in {place}, based on "
+    "emails and records obtained by a reporter. Quote the people involved.",
+    "Write a detailed online news article about {event} in {place}, with several paragraphs of "
+    "quotes, a timeline of events and the latest figures.",
+    "Write a long feature for a national newspaper about {event} in {place} and what it means "
+    "for the families affected. Include interviews and expert comments.",
+)
+
 
 def distinct_prompts(kind: str, n: int, draw: Callable[[], str]) -> list[dict[str, Any]]:
     """``n`` distinct prompts from ``draw`` (id "KIND-NNNNN", category ``kind``), a repeat
@@ -96,14 +115,29 @@ def prose_prompts(n: int, seed: int = 0) -> list[dict[str, Any]]:
     return distinct_prompts("prose", n, draw)
 
 
-def digest_prompts(articles: list[tuple[str, str]], seed: int = 0) -> list[dict[str, Any]]:
+def report_prompts(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` distinct long-report prompts (id "report-NNNNN", category "report"); seeded."""
+    rng = random.Random(seed)
+
+    def draw() -> str:
+        return rng.choice(REPORT_TEMPLATES).format(
+            event=rng.choice(EVENTS), place=rng.choice(PLACES)
+        )
+
+    return distinct_prompts("report", n, draw)
+
+
+def digest_prompts(
+    articles: list[tuple[str, str]], seed: int = 0, kind: str = "digest"
+) -> list[dict[str, Any]]:
     """A summary prompt per article (id, text) of at least MIN_ARTICLE_CHARS characters (id
-    "digest-" + the article's, category "digest"); the template seeded per set."""
+    ``kind`` + "-" + the article's, category ``kind``: "digest" of prose, "brief" of reports);
+    the template seeded per set."""
     rng = random.Random(seed)
     return [
         {
-            "id": f"digest-{aid}",
-            "category": "digest",
+            "id": f"{kind}-{aid}",
+            "category": kind,
             "prompt": rng.choice(DIGEST_TEMPLATES).format(text=text.strip()),
         }
         for aid, text in articles

@@ -265,7 +265,7 @@ def main(argv: list[str]) -> int:
         "--sets",
         default=None,
         help="with --train: comma-separated training sets KIND-SEED-PROMPTS (default: "
-        "harness.models.distill.SETS; OTHER_SETS names three more)",
+        "harness.models.distill.SETS; OTHER_SETS names more)",
     )
     b.add_argument(
         "--draft-seconds",

@@ -208,8 +208,8 @@ def _train_head(model: Any, data: list[dict[str, Any]], vocab: Any, seed: int, s
 # The modules that build each kind of training set's prompts, as BUILD.json's data.prompts says
 # them (the corpus's always; the others where a set of one of their kinds trained).
 _PROMPT_SOURCES = (
-    (("prose", "digest"), "harness/models/prose.py (articles, posts and reports the target "
-     "writes, then summaries of them)"),
+    (("prose", "digest", "report", "brief"), "harness/models/prose.py (articles, posts and "
+     "reports the target writes, then summaries of them)"),
     (("genre",), "harness/models/genres.py (letters, speeches, product pages, dialogues, "
      "roleplay, knowledge questions, riddles, multi-step word problems)"),
     (("compose",), "harness/models/compose.py (first-person accounts, writing for an audience, "
@@ -300,6 +300,10 @@ def train_all(
             "prompt_tokens": sum(d["prompt_len"] for d in part),
             "output_tokens": sum(len(d["output_ids"]) for d in part),
             "max_prompt_tokens": distill.MAX_PROMPT[kind],
+            "max_new_tokens": distill.answer_tokens(kind),
+            "answers_ended_by_eos": sum(
+                1 for d in part if len(d["output_ids"]) < distill.answer_tokens(kind)
+            ),
             "answers_seconds": round(t_answers),
             "features_seconds": round(time.perf_counter() - t0),
         }
@@ -320,8 +324,8 @@ def train_all(
         "sequences": len(data),
         "prompt_tokens": sum(d["prompt_len"] for d in data),
         "output_tokens": sum(outputs),
-        "answers_ended_by_eos": sum(1 for o in outputs if o < distill.ANSWER_TOKENS),
-        "max_new_tokens": distill.ANSWER_TOKENS,
+        "answers_ended_by_eos": sum(s["answers_ended_by_eos"] for s in per_set.values()),
+        "max_new_tokens": max(s["max_new_tokens"] for s in per_set.values()),
         "answers": "vLLM 0.32 in-process, greedy, bf16, batches of 256",
         "features": "HF teacher-forced pass, bf16; labels the target's greedy next token",
         "held_out": "the default workload's prompts (workloads/data/default.jsonl)",
