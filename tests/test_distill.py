@@ -79,6 +79,10 @@ def test_report_prompts_are_seeded_distinct_and_answered_long() -> None:
     assert distill.answer_tokens("report") == 640 > distill.answer_tokens("brief") == 256
     assert distill.answers_path(0, 600, "report").name == "answers-report-0-600-640.jsonl"
     assert distill.feature_dir(0, 600, "brief").name == "features-brief-0-600-256"
+    brief = distill.set_settings("brief-0-600")  # BUILD.json's: how its articles were written
+    assert brief["answers"] == {"temperature": 0.0, "max_tokens": 256, "repetition_penalty": 1.0}
+    assert brief["articles"] == {"set": "report-0-600", **distill.sampling("report")}
+    assert distill.sampling("report")["repetition_penalty"] == 1.15
 
 
 def test_genre_prompts_are_seeded_distinct_and_every_template_is_drawn() -> None:

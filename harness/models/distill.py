@@ -29,8 +29,10 @@ WORK = sm.CACHE_DIR.parent / "train"
 PROMPTS = 3000
 ANSWER_TOKENS = 256  # the most tokens of an answer, but for the kinds in LONG_ANSWERS
 LONG_ANSWERS = {"report": 640}  # articles as long as the default workload's news summary reads
-# tokens, per kind of set
-MAX_PROMPT = {
+# Greedy with a penalty on repeats, per kind: long greedy reports loop a paragraph (measured in
+# docs/measurements.md). A report is an article for a brief; the labels stay the greedy tokens.
+REPETITION_PENALTY = {"report": 1.15}
+MAX_PROMPT = {  # tokens, per kind of set
     "mixed": 384, "long": 1024, "prose": 128, "digest": 512, "genre": 160, "compose": 160,
     "report": 128, "brief": 768,
 }  # fmt: skip
@@ -39,10 +41,9 @@ FEATURE_TOKENS = 6144  # tokens per teacher-forced HF batch
 # The build's training sets, "kind-seed-prompts": corpus.prompts (mixed; a seed > 0 drops the
 # lower seeds' prompts: ``set_prompts``) and corpus.long_prompts (long): the committed head's.
 SETS = ("mixed-0-3000", "mixed-1-2500", "long-0-524")
-# Sets --sets can name beside them: prose.prose_prompts (prose), prose.digest_prompts over
-# the answers of the prose set of that seed and size (digest), genres.genre_prompts (genre),
-# compose.compose_prompts (compose), prose.report_prompts (report) and digest_prompts over a
-# report set's answers (brief).
+# Sets --sets can name beside them: prose.prose_prompts (prose), prose.digest_prompts over the
+# answers of the prose (report) set of that seed and size (digest, brief), prose.report_prompts
+# (report), genres.genre_prompts (genre) and compose.compose_prompts (compose).
 OTHER_SETS = ("prose-0-600", "digest-0-600", "genre-0-2000", "compose-0-2000", "brief-0-600")
 SUMMARIZES = {"digest": "prose", "brief": "report"}  # a kind whose prompts are another's answers
 
@@ -50,6 +51,21 @@ SUMMARIZES = {"digest": "prose", "brief": "report"}  # a kind whose prompts are 
 def answer_tokens(kind: str) -> int:
     """The most tokens the target answers a prompt of this kind with."""
     return LONG_ANSWERS.get(kind, ANSWER_TOKENS)
+
+
+def sampling(kind: str) -> dict[str, Any]:
+    """vLLM's SamplingParams for this kind's answers: greedy, up to ``answer_tokens``."""
+    pen = REPETITION_PENALTY.get(kind, 1.0)
+    return {"temperature": 0.0, "max_tokens": answer_tokens(kind), "repetition_penalty": pen}
+
+
+def set_settings(name: str) -> dict[str, Any]:
+    """What BUILD.json says of how a set was asked and answered (and its articles written)."""
+    kind, seed, n = parse_set(name)
+    out = {"max_prompt_tokens": MAX_PROMPT[kind], "answers": sampling(kind)}
+    if kind in SUMMARIZES:
+        out["articles"] = {"set": f"{SUMMARIZES[kind]}-{seed}-{n}", **sampling(SUMMARIZES[kind])}
+    return out
 
 
 def parse_set(name: str) -> tuple[str, int, int]:
@@ -157,7 +173,7 @@ def generate_answers(
             return path
         child = multiprocessing.get_context("spawn").Process(
             target=_answer,
-            args=(str(target), path, rows, seed, limit, answer_tokens(kind), progress),
+            args=(str(target), path, rows, seed, limit, sampling(kind), progress),
         )
         child.start()
         child.join()
@@ -191,7 +207,7 @@ def _answer(
     rows: list[dict[str, Any]],
     seed: int,
     limit: int,
-    max_tokens: int,
+    params: dict[str, Any],
     progress: bool,
 ) -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
@@ -201,13 +217,13 @@ def _answer(
     llm = LLM(
         model=target,
         dtype="bfloat16",
-        max_model_len=limit + max_tokens,
+        max_model_len=limit + params["max_tokens"],
         max_num_seqs=BATCH,
         enforce_eager=True,
         seed=seed,
     )
     try:
-        _answer_batches(llm, path, rows, max_tokens, progress)
+        _answer_batches(llm, path, rows, params, progress)
     finally:
         # the child's exit joins its own children before any atexit handler runs, so an engine
         # core never told to stop held a finished set's child (and the build) for good
@@ -215,11 +231,11 @@ def _answer(
 
 
 def _answer_batches(
-    llm: Any, path: Path, rows: list[dict[str, Any]], max_tokens: int, progress: bool
+    llm: Any, path: Path, rows: list[dict[str, Any]], sampled: dict[str, Any], progress: bool
 ) -> None:
     from vllm import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    params = SamplingParams(**sampled)
     t0, made = time.perf_counter(), 0
     for b0 in range(0, len(rows), BATCH):
         chunk = rows[b0 : b0 + BATCH]

@@ -299,8 +299,7 @@ def train_all(
             "sequences": len(part),
             "prompt_tokens": sum(d["prompt_len"] for d in part),
             "output_tokens": sum(len(d["output_ids"]) for d in part),
-            "max_prompt_tokens": distill.MAX_PROMPT[kind],
-            "max_new_tokens": distill.answer_tokens(kind),
+            **distill.set_settings(name),
             "answers_ended_by_eos": sum(
                 1 for d in part if len(d["output_ids"]) < distill.answer_tokens(kind)
             ),
@@ -325,7 +324,7 @@ def train_all(
         "prompt_tokens": sum(d["prompt_len"] for d in data),
         "output_tokens": sum(outputs),
         "answers_ended_by_eos": sum(s["answers_ended_by_eos"] for s in per_set.values()),
-        "max_new_tokens": max(s["max_new_tokens"] for s in per_set.values()),
+        "max_new_tokens": max(s["answers"]["max_tokens"] for s in per_set.values()),
         "answers": "vLLM 0.32 in-process, greedy, bf16, batches of 256",
         "features": "HF teacher-forced pass, bf16; labels the target's greedy next token",
         "held_out": "the default workload's prompts (workloads/data/default.jsonl)",
