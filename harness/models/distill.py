@@ -41,9 +41,8 @@ FEATURE_TOKENS = 6144  # tokens per teacher-forced HF batch
 # The build's training sets, "kind-seed-prompts": corpus.prompts (mixed; a seed > 0 drops the
 # lower seeds' prompts: ``set_prompts``) and corpus.long_prompts (long): the committed head's.
 SETS = ("mixed-0-3000", "mixed-1-2500", "long-0-524")
-# Sets --sets can name beside them: prose.prose_prompts (prose), prose.digest_prompts over the
-# answers of the prose (report) set of that seed and size (digest, brief), prose.report_prompts
-# (report), genres.genre_prompts (genre) and compose.compose_prompts (compose).
+# Sets --sets can name beside them: prose.prose_prompts (prose) and report_prompts (report), whose
+# answers prose.digest_prompts summarizes (digest, brief), genres (genre) and compose (compose).
 OTHER_SETS = ("prose-0-600", "digest-0-600", "genre-0-2000", "compose-0-2000", "brief-0-600")
 SUMMARIZES = {"digest": "prose", "brief": "report"}  # a kind whose prompts are another's answers
 

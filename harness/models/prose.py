@@ -70,8 +70,8 @@ DIGEST_TEMPLATES = (
 MIN_ARTICLE_CHARS = 400  # an article shorter than this (a refusal, a list) is not summarized
 
 # Long news reports (``report_prompts``, answered at up to distill's 640 tokens where the prose
-# set stops at 256): a summary of one (``brief``) reads a 500-700-token article, as the default
-# workload's news summary does, where a digest reads 300 tokens at most.
+# set stops at 256): a summary of one (``brief``) reads an article as long as the default
+# workload's news summary reads, where a digest's article stops at 256 tokens.
 REPORT_TEMPLATES = (
     "Write a long, detailed news report on {event} in {place}. Quote officials, witnesses and "
     "documents, give the background, and end with what happens next.",
