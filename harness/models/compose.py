@@ -2,13 +2,14 @@
 a chat model, with an audience, a tone, a length or a point of view, many in the first person.
 
 Why: after the corpus, prose and genre sets the head drafted open writing worst of the default
-workload's prompts (its travel blog post; figures in docs/measurements.md). The target opens such answers in its own stock phrases ("As I stepped off ...", "In
-today's fast-paced world ...") and keeps a register per request: a personal account, an
-explainer for children, a persuasive pitch, a story that must start with a given sentence. None
-of the earlier templates asks for a point of view or a constraint, so the head met few of those
-openings. Every template, experience, audience and opening sentence here was written for this
-file (no third-party text); the answers are the target's own (``harness.models.distill``'s
-"compose" sets), and none is a prompt the harness evaluates on (tests/test_distill.py checks).
+workload's prompts (its travel blog post; figures in docs/measurements.md). The target opens
+such answers in its own stock phrases ("As I stepped off ...", "In today's fast-paced world
+...") and keeps a register per request: a personal account, an explainer for children, a
+persuasive pitch, a story that must start with a given sentence. None of the earlier templates
+asks for a point of view or a constraint, so the head met few of those openings. Every template,
+experience, audience and opening sentence here was written for this file (no third-party text);
+the answers are the target's own (``harness.models.distill``'s "compose" sets), and none is a
+prompt the harness evaluates on (tests/test_distill.py checks).
 """
 
 from __future__ import annotations
