@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import multiprocessing
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -24,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.models import smollm as sm
+from harness.models import vllm_answers
 
 WORK = sm.CACHE_DIR.parent / "train"
 PROMPTS = 3000
@@ -155,8 +154,7 @@ def generate_answers(
     """The target's greedy answers (vLLM, bf16 on CPU: 2.6x fp32's throughput; the labels are
     recomputed by the fp32 target in ``features``) to a set's ``n`` corpus prompts, appended per
     batch to ``answers_path``; prompts already answered there are skipped. vLLM runs in a child
-    process: the training that follows gets its memory back, and a second engine in one process
-    died ("cancelled") after the first was deleted in a 1,598-prompt build."""
+    process that stops with this one (``harness.models.vllm_answers``)."""
     from transformers import AutoTokenizer
 
     if kind in SUMMARIZES:  # its prompts are that set's answers
@@ -170,14 +168,10 @@ def generate_answers(
         rows = [r for r in todo if r["id"] not in done]
         if not rows:
             return path
-        child = multiprocessing.get_context("spawn").Process(
-            target=_answer,
-            args=(str(target), path, rows, seed, limit, sampling(kind), progress),
-        )
-        child.start()
-        child.join()
-        if child.exitcode != 0:
-            raise RuntimeError(f"vLLM's answers for {path.name} failed (exit {child.exitcode})")
+        args = (str(target), path, rows, seed, limit, sampling(kind), progress, BATCH)
+        code = vllm_answers.run_in_child(vllm_answers.answer, *args)
+        if code != 0:
+            raise RuntimeError(f"vLLM's answers for {path.name} failed (exit {code})")
     return path
 
 
@@ -198,60 +192,6 @@ def _sole_writer(path: Path) -> Iterator[None]:
                   flush=True)  # fmt: skip
             fcntl.flock(lock, fcntl.LOCK_EX)
         yield
-
-
-def _answer(
-    target: str,
-    path: Path,
-    rows: list[dict[str, Any]],
-    seed: int,
-    limit: int,
-    params: dict[str, Any],
-    progress: bool,
-) -> None:
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "6")
-    from vllm import LLM
-
-    llm = LLM(
-        model=target,
-        dtype="bfloat16",
-        max_model_len=limit + params["max_tokens"],
-        max_num_seqs=BATCH,
-        enforce_eager=True,
-        seed=seed,
-    )
-    try:
-        _answer_batches(llm, path, rows, params, progress)
-    finally:
-        # the child's exit joins its own children before any atexit handler runs, so an engine
-        # core never told to stop held a finished set's child (and the build) for good
-        llm.llm_engine.engine_core.shutdown()
-
-
-def _answer_batches(
-    llm: Any, path: Path, rows: list[dict[str, Any]], sampled: dict[str, Any], progress: bool
-) -> None:
-    from vllm import SamplingParams
-
-    params = SamplingParams(**sampled)
-    t0, made = time.perf_counter(), 0
-    for b0 in range(0, len(rows), BATCH):
-        chunk = rows[b0 : b0 + BATCH]
-        outs = llm.generate([{"prompt_token_ids": r["prompt_ids"]} for r in chunk], params)
-        with path.open("a") as f:
-            for r, o in zip(chunk, outs):
-                ids = list(o.outputs[0].token_ids)
-                made += len(ids)
-                rec = {k: r[k] for k in ("id", "category", "prompt_ids")}
-                f.write(json.dumps({**rec, "output_ids": ids}) + "\n")
-        if progress:
-            dt = time.perf_counter() - t0
-            print(
-                f"answers {b0 + len(chunk)}/{len(rows)}: {made} tokens in {dt:.0f} s",
-                file=sys.stderr,
-                flush=True,
-            )
 
 
 def _parses(line: str) -> bool:
