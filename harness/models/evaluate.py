@@ -101,11 +101,17 @@ def held_out_sequences(
     the features vLLM would hand the head."""
     from harness.models.data import generate
 
-    prompts = []
-    for line in _default_lines()[:n_prompts]:
-        r = json.loads(line)
-        prompts.append(_chat_prompt(tok, r["id"], r["category"], r["messages"]))
+    prompts = default_prompt_ids(tok)[:n_prompts]
     return generate(target_model, prompts, n_tokens, batch=len(prompts), progress=False)
+
+
+def default_prompt_ids(tok: Any) -> list[dict[str, Any]]:
+    """The default workload's (held-out) prompts as chat prompts (id, category, prompt_ids)."""
+    out = []
+    for line in _default_lines():
+        r = json.loads(line)
+        out.append(_chat_prompt(tok, r["id"], r["category"], r["messages"]))
+    return out
 
 
 WIDE_MAX_PROMPT = 1024  # prompt tokens; the distill's longest training prompts
