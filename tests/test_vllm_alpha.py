@@ -38,12 +38,18 @@ def test_alpha_is_counted_per_prompt_and_category(monkeypatch: pytest.MonkeyPatc
     assert acc[0] >= acc[1] and res["alpha"] == acc[0] / res["drafts"]  # P(first i+1 accepted)
 
 
-def test_a_missing_head_is_one_line_and_exit_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--head", "NONE"], "vllm_alpha: NONE/eagle3.safetensors: no such head"),
+        (["--k", "0"], "vllm_alpha: --k 0 --tokens 32: K must be >= 1 and TOKENS >= 2"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], line: str) -> None:
+    args = [a.replace("NONE", str(tmp_path / "none")) for a in args]
     run = subprocess.run(
-        [sys.executable, "-m", "harness.models.vllm_alpha", "--head", str(tmp_path / "none")],
+        [sys.executable, "-m", "harness.models.vllm_alpha", *args],
         cwd=ROOT, capture_output=True, text=True,
     )  # fmt: skip
     assert run.returncode == 2
-    assert run.stderr.strip().splitlines() == [
-        f"vllm_alpha: {tmp_path / 'none' / 'eagle3.safetensors'}: no such head"
-    ]
+    assert run.stderr.strip().splitlines() == [line.replace("NONE", str(tmp_path / "none"))]

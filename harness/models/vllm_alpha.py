@@ -80,10 +80,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--wide", action="store_true", help="the other held-out prompts")
     ap.add_argument("--json", action="store_true", help="the result as one JSON line")
     args = ap.parse_args(argv)
+    error = None
     if args.k < 1 or args.tokens < 2:
-        ap.error("--k must be >= 1 and --tokens >= 2")
-    if not (args.head / "eagle3.safetensors").is_file():
-        print(f"vllm_alpha: {args.head / 'eagle3.safetensors'}: no such head", file=sys.stderr)
+        error = f"--k {args.k} --tokens {args.tokens}: K must be >= 1 and TOKENS >= 2"
+    elif not (args.head / "eagle3.safetensors").is_file():
+        error = f"{args.head / 'eagle3.safetensors'}: no such head"
+    if error:
+        print(f"vllm_alpha: {error}", file=sys.stderr)
         return 2
     from transformers import AutoTokenizer
 
