@@ -36,6 +36,7 @@ def measure(
     from vllm import LLM, SamplingParams
     from vllm.platforms import current_platform
 
+    from engines.base import SpecCounters
     from engines.common.vllm_args import CPU_DTYPE, cpu_defaults
     from engines.vllm.metrics import spec_counters_from_snapshot
 
@@ -54,12 +55,8 @@ def measure(
             after = spec_counters_from_snapshot(llm.get_metrics())
             if after is None:
                 raise RuntimeError("vLLM exposed no speculative-decoding counters")
-            drafts = after.num_drafts - (before.num_drafts if before else 0)
-            old = before.accepted_per_pos if before else ()
-            acc = [
-                a - (old[i] if i < len(old) else 0) for i, a in enumerate(after.accepted_per_pos)
-            ]
-            acc = (acc + [0] * k)[:k]
+            delta = after - (before or SpecCounters())  # this prompt's own counts
+            drafts, acc = delta.num_drafts, (list(delta.accepted_per_pos) + [0] * k)[:k]
             cat = per_category.setdefault(p["category"], {"drafts": 0, "accepted_per_pos": [0] * k})
             for row in (total, cat):
                 row["drafts"] += drafts
