@@ -11,6 +11,7 @@ from unittest import mock
 
 import pytest
 
+from harness.models import cli as models_cli
 from harness.models import compose, corpus, distill, eagle3, eagle3_checkpoint, genres, prose
 from harness.models import registry as models
 
@@ -152,7 +153,7 @@ def test_the_training_sets_are_disjoint_and_the_long_ones_long() -> None:
 def test_a_bad_training_set_name_is_one_line_and_exit_2(
     bad: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert models.main(["build", "--train", "--sets", f"mixed-0-3000,{bad}"]) == 2
+    assert models_cli.main(["build", "--train", "--sets", f"mixed-0-3000,{bad}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--sets" in err[0] and repr(bad) in err[0], err
     with pytest.raises(SystemExit) as done:  # the developer command the same way

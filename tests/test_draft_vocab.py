@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from harness.models import cli as models_cli
 from harness.models import eagle3
 
 
@@ -96,12 +97,11 @@ def test_a_draft_vocab_that_cannot_widen_the_head_is_one_line_and_exit_2(
 ) -> None:
     import json
 
-    from harness.models import registry as models
     from harness.models import smollm
 
     cfg = json.loads((smollm.TRAINED_DIR / "eagle3_config.json").read_text())
     n = size or cfg["draft_vocab_size"]
-    assert models.main(["build", *args, "--draft-vocab", str(n)]) == 2
+    assert models_cli.main(["build", *args, "--draft-vocab", str(n)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     says = "--more --train-lm-head" if len(args) < 3 else f"{cfg['draft_vocab_size'] + 1}..49152"
     assert len(err) == 1 and f"--draft-vocab {n}:" in err[0] and says in err[0], err

@@ -8,6 +8,7 @@ from unittest import mock
 
 import pytest
 
+from harness.models import cli as models_cli
 from harness.models import eagle3
 from harness.models import eagle3_copy as copy
 
@@ -129,8 +130,6 @@ def test_a_copy_run_resumes_to_the_same_weights(tmp_path: Path) -> None:
 def test_a_copy_group_the_head_lacks_is_one_line_and_exit_2(
     bad: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from harness.models import registry as models
-
-    assert models.main(["build", "--train", "--copy-group", bad]) == 2  # SmolLM2: 3 groups
+    assert models_cli.main(["build", "--train", "--copy-group", bad]) == 2  # SmolLM2: 3 groups
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--copy-group" in err[0] and "0..2" in err[0], err

@@ -8,6 +8,7 @@ from unittest import mock
 
 import pytest
 
+from harness.models import cli as models_cli
 from harness.models import eagle3
 
 pytestmark = pytest.mark.usefixtures("tiny_pair")
@@ -69,7 +70,6 @@ def test_training_records_where_it_learned_and_the_mask_changes_the_weights() ->
 
 @pytest.mark.parametrize(("flag", "prompt_loss"), [([], True), (["--loss-on", "output"], False)])
 def test_loss_on_reaches_the_training(flag: list[str], prompt_loss: bool) -> None:
-    from harness.models import registry as models
     from harness.models import smollm
     from harness.models import train as training
 
@@ -77,5 +77,5 @@ def test_loss_on_reaches_the_training(flag: list[str], prompt_loss: bool) -> Non
         mock.patch.object(training, "train_all") as train_all,
         mock.patch.object(smollm, "assemble"),
     ):
-        assert models.main(["build", "--train", *flag]) == 0
+        assert models_cli.main(["build", "--train", *flag]) == 0
     assert train_all.call_args.kwargs["prompt_loss"] is prompt_loss

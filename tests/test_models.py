@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.models import cli as models_cli
 from harness.models import registry as models
 
 # the pair is committed: a missing pair is a failure (the fixture would rebuild it), never a skip
@@ -101,10 +102,10 @@ def test_resolve_model_passes_others_through(tmp_path: Path) -> None:
 
 @needs_pair
 def test_cli_path_prints_existing_dir(capsys: pytest.CaptureFixture[str]) -> None:
-    assert models.main(["path", "target", "--family", "tiny"]) == 0
+    assert models_cli.main(["path", "target", "--family", "tiny"]) == 0
     out = capsys.readouterr().out.strip()
     assert Path(out).is_dir() and out == str(models.tiny_path("target"))
-    assert models.main(["build", "--family", "tiny"]) == 0  # present: never rebuilds
+    assert models_cli.main(["build", "--family", "tiny"]) == 0  # present: never rebuilds
     assert "already present" in capsys.readouterr().out
 
 

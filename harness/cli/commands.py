@@ -311,7 +311,7 @@ def main(argv: Sequence[str]) -> int:
             return report(rest)
         if cmd == "compare":
             return compare(rest)
-        from harness.models import registry as models
+        from harness.models import cli as models
 
         return models.main(rest)
     except UsageError as exc:
