@@ -49,7 +49,7 @@ def test_the_first_step_learns_in_the_prompt_only_with_prompt_loss(prompt_loss: 
     first, later = steps[0], steps[1:]
     assert len(first[1]) == (T if prompt_loss else T - (p - 2))
     assert bool(first[2].all()) is not prompt_loss  # outside the answer only with prompt_loss
-    for n, (_, lab, is_out) in enumerate(later, start=1):  # always the answer's positions
+    for n, (_, lab, is_out, _) in enumerate(later, start=1):  # always the answer's positions
         assert len(lab) == T - max(n, p - 2) and bool(is_out.all())
 
 

@@ -73,6 +73,13 @@ def main(argv: list[str]) -> int:
         help="with --train: where the head's first draft step learns: every position (all, "
         "the default) or only the answers' (output, as SpecForge's loss mask)",
     )
+    b.add_argument(
+        "--labels",
+        choices=("greedy", "soft"),
+        default="greedy",
+        help="with --train: what the head learns at each position: the target's greedy token "
+        "(the default) or its distribution over the draft vocabulary (soft, as EAGLE's training)",
+    )
     b.add_argument("--threads", type=int, default=2, help="with --train: torch threads (default 2)")
     b.add_argument(
         "--sets",
@@ -148,6 +155,7 @@ def main(argv: list[str]) -> int:
                     copy_group=args.copy_group,
                     draft_vocab_size=args.draft_vocab,
                     prompt_loss=args.loss_on == "all",
+                    soft_labels=args.labels == "soft",
                     sets=tuple(args.sets.split(",")) if args.sets else None,
                     command=shlex.join(["python", "-m", "harness", "models", *argv]),
                 )

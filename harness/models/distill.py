@@ -320,6 +320,29 @@ def load_features(seed: int = 0, n: int = PROMPTS, kind: str = "mixed") -> list[
     return data
 
 
+# The modules that build each kind of training set's prompts, as BUILD.json's data.prompts says
+# them (the corpus's always; the others where a set of one of their kinds trained).
+_PROMPT_SOURCES = (
+    (("prose", "digest", "report", "brief"), "harness/models/prose.py (articles, posts and "
+     "reports the target writes, then summaries of them)"),
+    (("genre",), "harness/models/genres.py (letters, speeches, product pages, dialogues, "
+     "roleplay, knowledge questions, riddles, multi-step word problems)"),
+    (("compose",), "harness/models/compose.py (first-person accounts, writing for an audience, "
+     "tone or length, stories from a given opening)"),
+)  # fmt: skip
+
+
+def prompts_line(sets: tuple[str, ...]) -> str:
+    """BUILD.json's data.prompts: where these sets' prompts come from."""
+    kinds = {parse_set(name)[0] for name in sets}
+    line = "harness/models/corpus.py (open tasks, CPython sources and docstrings, arithmetic, "
+    line += "Python reference sections)"
+    for source_kinds, source in _PROMPT_SOURCES:
+        if kinds.intersection(source_kinds):
+            line += " and " + source
+    return line + "; none of Spec-Bench or the default workload"
+
+
 def main(argv: list[str]) -> None:
     target = sm.FAMILY_DIR / "target"
     if argv[:1] not in (["answers"], ["features"]):

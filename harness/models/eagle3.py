@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from harness.models.eagle3_checkpoint import head_config, layer_ids, load_into
+from harness.models.eagle3_soft import TargetTail, targets
 
 TTT_STEPS = 3
 STEP_WEIGHTS = (1.0, 0.8, 0.6)
@@ -138,15 +139,22 @@ class Eagle3Head(nn.Module):
 
 
 def _unroll(
-    head: Eagle3Head, s: dict[str, Any], vocab: torch.Tensor, steps: int, prompt_loss: bool = True
+    head: Eagle3Head,
+    s: dict[str, Any],
+    vocab: torch.Tensor,
+    steps: int,
+    prompt_loss: bool = True,
+    tail: TargetTail | None = None,
 ) -> list[Any]:
-    """Per step: (logits over the draft vocab, label index, label is a generated token).
+    """Per step: (logits over the draft vocab, label index, label is a generated token, the
+    distribution to learn there or None: ``tail``'s soft labels, ``harness.models.eagle3_soft``).
 
     Position t: hidden f[t], token x[t+1], label = the target's greedy token after t+1
     (``labels[t+1]``; the generated x[t+2] in the output). Step 1 learns at every position
     (``prompt_loss``) or, as SpecForge's loss mask does, only in the output; later steps only
     in the output, where x[t+1] is what the chain would have drafted."""
     ids, p, feat, labels = s["ids"], s["prompt_len"], s["feat"], s["labels"]
+    target_logits = tail.logits(feat) if tail is not None else None  # over the whole sequence
     start = max(0, p - MAX_HEAD_CONTEXT)
     ids, feat, labels, p = ids[start:], feat[start:], labels[start:], p - start
     T = len(ids) - 2
@@ -155,6 +163,7 @@ def _unroll(
     lab = torch.searchsorted(vocab, target).clamp(max=len(vocab) - 1)
     inside = vocab[lab] == target
     output = pos >= p - 2
+    soft = None if target_logits is None else targets(target_logits[start + 1 : start + T + 1], lab)
     hidden = head.combine(feat[:T])
     past: list[Any] = []
     out = []
@@ -166,7 +175,8 @@ def _unroll(
         past.append(kv)
         counted = (output if n > 0 or not prompt_loss else torch.ones_like(output)) & (pos >= n)
         valid = inside & counted
-        out.append((normed[valid] @ head.lm_head.T, lab[valid], output[valid]))
+        p_valid = None if soft is None else soft[valid]
+        out.append((normed[valid] @ head.lm_head.T, lab[valid], output[valid], p_valid))
     return out
 
 
@@ -178,7 +188,7 @@ def evaluate(head: Eagle3Head, val: list[dict[str, Any]], vocab: torch.Tensor) -
     with torch.no_grad():
         for s in val:
             T = len(s["ids"]) - 2
-            for i, (logits, lab, is_out) in enumerate(_unroll(head, s, vocab, TTT_STEPS)):
+            for i, (logits, lab, is_out, _) in enumerate(_unroll(head, s, vocab, TTT_STEPS)):
                 ok[i] += int(((logits.argmax(-1) == lab) & is_out).sum())
                 n[i] += max(0, T - max(i, s["prompt_len"] - 2))
     return [round(a / max(1, b), 4) for a, b in zip(ok, n)]
@@ -200,6 +210,7 @@ def train(
     peak_lr: float = PEAK_LR,
     copy_group: int | None = None,
     prompt_loss: bool = True,
+    soft_labels: bool = False,
 ) -> tuple[Eagle3Head, dict[str, Any]]:
     """Trains for ``budget_s`` CPU seconds (the step count sized from the first 20 steps) or,
     given ``steps``, for exactly that many (reproducible on any machine). With ``checkpoint``,
@@ -210,7 +221,9 @@ def train(
     warm-up + cosine to ``peak_lr`` (a warm restart: how the committed head gets more passes).
     ``copy_group``: ``harness.models.eagle3_copy``'s recipe on that attention group (its
     attention taught first, then an extra loss and copy-heavy draws instead of epochs).
-    ``prompt_loss``: step 1 learns at the prompt's positions too (``_unroll``)."""
+    ``prompt_loss``: step 1 learns at the prompt's positions too (``_unroll``).
+    ``soft_labels``: it learns the target's distribution (``harness.models.eagle3_soft``)."""
+    from harness.models.eagle3_soft import loss as soft_loss
     from harness.models.optim import lr_at, optimizer_step, split
 
     torch.manual_seed(seed)
@@ -227,6 +240,7 @@ def train(
             head.post_attention_layernorm.weight.copy_(last.post_attention_layernorm.weight)
             head.norm.weight.copy_(target_model.model.norm.weight)
     train_set, val = split(data, seed)
+    tail = TargetTail(target_model, layer_ids(cfg)[-1], vocab) if soft_labels else None
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=peak_lr, weight_decay=0.0)
     t0, step, est = time.process_time(), 0, steps
@@ -270,10 +284,13 @@ def train(
             g["lr"] = lr_at(step, est or 10**4, peak_lr)
         s = sample() if sample is not None else train_set[order[k]]
         loss = torch.zeros(())
-        unrolled = _unroll(head, s, vocab, TTT_STEPS, prompt_loss)
-        for w, (logits, lab, _) in zip(STEP_WEIGHTS, unrolled):
+        unrolled = _unroll(head, s, vocab, TTT_STEPS, prompt_loss, tail)
+        for w, (logits, lab, _, p) in zip(STEP_WEIGHTS, unrolled):
             if len(lab):
-                loss = loss + w * nn.functional.cross_entropy(logits, lab)
+                hard = p is None
+                loss = loss + w * (
+                    nn.functional.cross_entropy(logits, lab) if hard else soft_loss(logits, p)
+                )
         if (
             copy_group is not None
             and (extra := copy.attention_loss(head, s, copy_group)) is not None
@@ -310,6 +327,8 @@ def train(
         "val_sequences": len(val),
         "top1_agreement_per_step": evaluate(head, val, vocab),
     }
+    if soft_labels:
+        info["labels"] = "the target's distribution over the draft vocabulary (soft)"
     if copying:
         info["copy"] = copying
     return head, info

@@ -191,8 +191,8 @@ def save_draft(draft: Any, out: Path) -> None:
 
 def _train_head(model: Any, data: list[dict[str, Any]], vocab: Any, seed: int, steps: int,
                 ckpt: Path, progress: bool, init: Path | None, train_lm_head: bool, peak: float,
-                out: Path, copy_group: int | None = None,
-                prompt_loss: bool = True) -> dict[str, Any]:  # fmt: skip
+                out: Path, copy_group: int | None = None, prompt_loss: bool = True,
+                soft_labels: bool = False) -> dict[str, Any]:  # fmt: skip
     """The EAGLE-3 head's ``steps`` (``harness.models.eagle3.train``), saved into ``out``."""
     from harness.models import eagle3
     from harness.models import eagle3_checkpoint as files
@@ -200,34 +200,10 @@ def _train_head(model: Any, data: list[dict[str, Any]], vocab: Any, seed: int, s
     head, info = eagle3.train(model, data, vocab, seed, float("inf"), steps=steps,
                               checkpoint=ckpt, progress=progress, init=init,
                               train_lm_head=train_lm_head, peak_lr=peak,
-                              copy_group=copy_group, prompt_loss=prompt_loss)  # fmt: skip
+                              copy_group=copy_group, prompt_loss=prompt_loss,
+                              soft_labels=soft_labels)  # fmt: skip
     files.save(head, vocab, out, files.head_config(model.config.to_dict(), len(vocab)))
     return info
-
-
-# The modules that build each kind of training set's prompts, as BUILD.json's data.prompts says
-# them (the corpus's always; the others where a set of one of their kinds trained).
-_PROMPT_SOURCES = (
-    (("prose", "digest", "report", "brief"), "harness/models/prose.py (articles, posts and "
-     "reports the target writes, then summaries of them)"),
-    (("genre",), "harness/models/genres.py (letters, speeches, product pages, dialogues, "
-     "roleplay, knowledge questions, riddles, multi-step word problems)"),
-    (("compose",), "harness/models/compose.py (first-person accounts, writing for an audience, "
-     "tone or length, stories from a given opening)"),
-)  # fmt: skip
-
-
-def _prompts_line(sets: tuple[str, ...]) -> str:
-    """BUILD.json's data.prompts: where these sets' prompts come from."""
-    from harness.models import distill
-
-    kinds = {distill.parse_set(name)[0] for name in sets}
-    line = "harness/models/corpus.py (open tasks, CPython sources and docstrings, arithmetic, "
-    line += "Python reference sections)"
-    for source_kinds, source in _PROMPT_SOURCES:
-        if kinds.intersection(source_kinds):
-            line += " and " + source
-    return line + "; none of Spec-Bench or the default workload"
 
 
 def _keep_committed(out: Path, names: tuple[str, ...]) -> None:
@@ -255,6 +231,7 @@ def train_all(
     copy_group: int | None = None,
     draft_vocab_size: int | None = None,
     prompt_loss: bool = True,
+    soft_labels: bool = False,
 ) -> dict[str, Any]:
     """Answers, features, the EAGLE-3 head (``epochs`` passes over the training sequences) and,
     given ``draft_s`` CPU seconds, the draft (else the committed draft stays), into
@@ -269,7 +246,8 @@ def train_all(
     ``draft_vocab_size``: with ``more``, the committed head's draft vocabulary widened to this
     many tokens (the most frequent others of these sets), its rows trained from the target's
     (``train_lm_head``). ``prompt_loss``: False, the head's first step learns only on the
-    answers' positions (``harness.models.eagle3._unroll``). ``command``: what
+    answers' positions (``harness.models.eagle3._unroll``). ``soft_labels``: the head learns
+    the target's distribution, not only its greedy token (``harness.models.eagle3_soft``). ``command``: what
     ran it, for the ``made_on`` lines (the build's and each retrained speculator's; a kept one
     keeps its own)."""
     import math
@@ -318,7 +296,7 @@ def train_all(
         vocab = draft_vocab(data, draft_vocab_size, keep=vocab)
     outputs = [len(d["output_ids"]) for d in data]
     data_info = {
-        "prompts": _prompts_line(sets),
+        "prompts": distill.prompts_line(sets),
         "sets": per_set,
         "sequences": len(data),
         "prompt_tokens": sum(d["prompt_len"] for d in data),
@@ -339,7 +317,7 @@ def train_all(
     tag += ("-lm_head" if train_lm_head else "") + (f"-lr{peak:g}" if peak_lr else "")
     tag += f"-copy{copy_group}" if copy_group is not None else ""
     tag += f"-vocab{len(vocab)}" if widened_from else ""
-    tag += "" if prompt_loss else "-outloss"
+    tag += ("" if prompt_loss else "-outloss") + ("-soft" if soft_labels else "")
     sets_tag = "" if sets == ("mixed-0-3000",) else "-" + "+".join(sets)  # the first build's name
     ckpt = distill.WORK / f"eagle3-{seed}-{distill.PROMPTS}{sets_tag}-{steps}{tag}.ckpt"
     build = sm.TRAINED_DIR / "BUILD.json"  # the committed speculators' record
@@ -353,7 +331,8 @@ def train_all(
         e_info = {**old.get("eagle3", {}), "kept": "the committed head (not retrained)"}
     else:
         e_info = _train_head(model, data, vocab, seed, steps, ckpt, progress, init,
-                             train_lm_head, peak, out, copy_group, prompt_loss)  # fmt: skip
+                             train_lm_head, peak, out, copy_group, prompt_loss,
+                             soft_labels)  # fmt: skip
         e_info["epochs"] = epochs
         if init is not None:
             e_info["started_from"] = f"the committed head, sha256 {init_sha}"
