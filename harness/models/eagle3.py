@@ -27,6 +27,7 @@ from torch import nn
 
 from harness.models.eagle3_checkpoint import head_config, layer_ids, load_into
 from harness.models.eagle3_soft import TargetTail, targets
+from harness.models.eagle3_soft import loss as soft_loss
 
 TTT_STEPS = 3
 STEP_WEIGHTS = (1.0, 0.8, 0.6)
@@ -223,7 +224,6 @@ def train(
     attention taught first, then an extra loss and copy-heavy draws instead of epochs).
     ``prompt_loss``: step 1 learns at the prompt's positions too (``_unroll``).
     ``soft_labels``: it learns the target's distribution (``harness.models.eagle3_soft``)."""
-    from harness.models.eagle3_soft import loss as soft_loss
     from harness.models.optim import lr_at, optimizer_step, split
 
     torch.manual_seed(seed)
@@ -287,10 +287,10 @@ def train(
         unrolled = _unroll(head, s, vocab, TTT_STEPS, prompt_loss, tail)
         for w, (logits, lab, _, p) in zip(STEP_WEIGHTS, unrolled):
             if len(lab):
-                hard = p is None
-                loss = loss + w * (
-                    nn.functional.cross_entropy(logits, lab) if hard else soft_loss(logits, p)
+                one = (
+                    nn.functional.cross_entropy(logits, lab) if p is None else soft_loss(logits, p)
                 )
+                loss = loss + w * one
         if (
             copy_group is not None
             and (extra := copy.attention_loss(head, s, copy_group)) is not None

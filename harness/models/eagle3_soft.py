@@ -34,7 +34,10 @@ class TargetTail:
     @torch.no_grad()
     def logits(self, feat: torch.Tensor) -> torch.Tensor:
         """The target's logits over the draft vocabulary at each position of ``feat`` (a
-        sequence's features, the last aux layer in its last ``hidden`` columns)."""
+        sequence's features, the last aux layer in its last ``hidden`` columns). A sequence
+        already cut to the head's context (``eagle3_copy.crop``, prompts over 1,024 tokens)
+        gives logits without its cut-off start; where their argmax moves, ``targets`` falls
+        back to the label."""
         x = feat[:, -self.hidden :].float()[None]
         pos = torch.arange(x.shape[1])[None]
         pe = self.rotary(x, pos)
