@@ -4,11 +4,9 @@ answer's, as SpecForge's loss mask (vLLM drafts only there)."""
 from __future__ import annotations
 
 from typing import Any
-from unittest import mock
 
 import pytest
 
-from harness.models import cli as models_cli
 from harness.models import eagle3
 
 pytestmark = pytest.mark.usefixtures("tiny_pair")
@@ -66,16 +64,3 @@ def test_training_records_where_it_learned_and_the_mask_changes_the_weights() ->
         assert info["loss_on"] == ("all" if prompt_loss else "output")
     a, b = heads[True].state_dict(), heads[False].state_dict()
     assert any(not torch.equal(a[k], b[k]) for k in a)
-
-
-@pytest.mark.parametrize(("flag", "prompt_loss"), [([], True), (["--loss-on", "output"], False)])
-def test_loss_on_reaches_the_training(flag: list[str], prompt_loss: bool) -> None:
-    from harness.models import smollm
-    from harness.models import train as training
-
-    with (
-        mock.patch.object(training, "train_all") as train_all,
-        mock.patch.object(smollm, "assemble"),
-    ):
-        assert models_cli.main(["build", "--train", *flag]) == 0
-    assert train_all.call_args.kwargs["prompt_loss"] is prompt_loss

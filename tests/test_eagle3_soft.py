@@ -4,11 +4,9 @@ the stored features by its last layers, must be the target's own."""
 from __future__ import annotations
 
 from typing import Any
-from unittest import mock
 
 import pytest
 
-from harness.models import cli as models_cli
 from harness.models import eagle3, eagle3_checkpoint, eagle3_soft
 
 pytestmark = pytest.mark.usefixtures("tiny_pair")
@@ -24,6 +22,15 @@ def _target() -> Any:
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
+def _features(model: Any, ids: Any, layers: tuple[int, ...]) -> tuple[Any, Any]:
+    """(features as distill stores them, logits) of one sequence's full forward."""
+    import torch
+
+    with torch.no_grad():
+        out = model(input_ids=ids, output_hidden_states=True)
+    return torch.cat([out.hidden_states[k] for k in layers], -1)[0], out.logits[0]
+
+
 def test_the_tail_over_the_features_gives_the_targets_own_logits() -> None:
     import torch
 
@@ -33,12 +40,10 @@ def test_the_tail_over_the_features_gives_the_targets_own_logits() -> None:
     vocab = torch.arange(0, cfg["vocab_size"], 3)  # a draft vocabulary: every third token
     torch.manual_seed(0)
     ids = torch.randint(3, cfg["vocab_size"], (1, 40))
-    with torch.no_grad():
-        out = model(input_ids=ids, output_hidden_states=True)
-    feat = torch.cat([out.hidden_states[k] for k in layers], -1)[0]  # as distill stores them
+    feat, logits = _features(model, ids, layers)
     tail = eagle3_soft.TargetTail(model, layers[-1], vocab)
     got = tail.logits(feat)
-    torch.testing.assert_close(got, out.logits[0][:, vocab], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got, logits[:, vocab], atol=1e-4, rtol=1e-4)
 
 
 def test_targets_are_the_distribution_where_it_agrees_else_the_label() -> None:
@@ -64,10 +69,8 @@ def test_soft_labels_align_with_the_labels_train_other_weights_and_say_so() -> N
     torch.manual_seed(0)
     layers = eagle3_checkpoint.aux_layers(cfg["num_hidden_layers"])
     ids = torch.randint(3, cfg["vocab_size"], (1, 24))
-    with torch.no_grad():
-        out = model(input_ids=ids, output_hidden_states=True)
-    feat = torch.cat([out.hidden_states[k] for k in layers], -1)[0, :-1]
-    s = {"ids": ids[0], "prompt_len": 8, "feat": feat, "labels": out.logits[0, :-1].argmax(-1)}
+    feat, logits = _features(model, ids, layers)
+    s = {"ids": ids[0], "prompt_len": 8, "feat": feat[:-1], "labels": logits[:-1].argmax(-1)}
     tail = eagle3_soft.TargetTail(model, layers[-1], vocab)
     head = eagle3.Eagle3Head(
         eagle3_checkpoint.head_config(cfg, len(vocab), layers),
@@ -87,16 +90,3 @@ def test_soft_labels_align_with_the_labels_train_other_weights_and_say_so() -> N
     assert infos[True]["labels"].endswith("(soft)")
     a, b = heads[False].state_dict(), heads[True].state_dict()
     assert any(not torch.equal(a[k], b[k]) for k in a)
-
-
-@pytest.mark.parametrize(("flag", "soft"), [([], False), (["--labels", "soft"], True)])
-def test_labels_reach_the_training(flag: list[str], soft: bool) -> None:
-    from harness.models import smollm
-    from harness.models import train as training
-
-    with (
-        mock.patch.object(training, "train_all") as train_all,
-        mock.patch.object(smollm, "assemble"),
-    ):
-        assert models_cli.main(["build", "--train", *flag]) == 0
-    assert train_all.call_args.kwargs["soft_labels"] is soft

@@ -109,6 +109,29 @@ def test_cli_path_prints_existing_dir(capsys: pytest.CaptureFixture[str]) -> Non
     assert "already present" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    ("flag", "kwarg", "value"),
+    [
+        ([], "prompt_loss", True),
+        (["--loss-on", "output"], "prompt_loss", False),
+        ([], "soft_labels", False),
+        (["--labels", "soft"], "soft_labels", True),
+    ],
+)
+def test_train_flags_reach_the_training(flag: list[str], kwarg: str, value: bool) -> None:
+    from unittest import mock
+
+    from harness.models import smollm
+    from harness.models import train as training
+
+    with (
+        mock.patch.object(training, "train_all") as train_all,
+        mock.patch.object(smollm, "assemble"),
+    ):
+        assert models_cli.main(["build", "--train", *flag]) == 0
+    assert train_all.call_args.kwargs[kwarg] is value
+
+
 def test_tiny_build_layout(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
