@@ -132,6 +132,20 @@ def test_train_flags_reach_the_training(flag: list[str], kwarg: str, value: bool
     assert train_all.call_args.kwargs[kwarg] is value
 
 
+def test_train_reassembles_the_speculators_not_the_target() -> None:
+    """After ``--train`` the speculators are stale by their digest (``smollm.is_current``), so
+    the assemble needs no force: forcing it re-extracted the target from the wheel and failed
+    where ``target`` is a link to another checkout's."""
+    from unittest import mock
+
+    from harness.models import smollm
+    from harness.models import train as training
+
+    with mock.patch.object(training, "train_all"), mock.patch.object(smollm, "assemble") as asm:
+        assert models_cli.main(["build", "--train"]) == 0
+    assert asm.call_args.kwargs["force"] is False
+
+
 def test_tiny_build_layout(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -159,7 +159,7 @@ def main(argv: list[str]) -> int:
                     sets=tuple(args.sets.split(",")) if args.sets else None,
                     command=shlex.join(["python", "-m", "harness", "models", *argv]),
                 )
-            smollm.assemble(force=args.force or args.train)
+            smollm.assemble(force=args.force)  # a new trained/ reassembles the speculators
             print(f"smollm2 ready at {smollm.FAMILY_DIR} ({time.perf_counter() - t0:.0f} s)")
     return 0
 
