@@ -423,6 +423,21 @@ def test_build_json_says_when_each_speculator_was_made() -> None:
     assert "held_out_first_position_agreement" in train.METRIC
 
 
+def test_a_further_stage_keeps_each_earlier_stages_data() -> None:
+    """``--more``: the committed head becomes the last of ``eagle3.earlier_stages`` with the
+    ``data`` it trained on, since the new BUILD.json's ``data`` names only the new stage's sets
+    (the 2,474 sequences of 2026-12-07 replaced the 8,745 before them)."""
+    from harness.models import train
+
+    first = {"steps": 1, "data": {"sets": {"mixed-0-3000": {}}}}
+    second = {"steps": 2}
+    old = {"data": {"sets": {"prose-0-600": {}}}, "eagle3": {**second, "earlier_stages": [first]}}
+    stages = train.earlier_stages(old)
+    assert stages == [first, {"steps": 2, "data": {"sets": {"prose-0-600": {}}}}]
+    assert "earlier_stages" in old["eagle3"]  # the record read is left as it was
+    assert train.earlier_stages({}) == [{}]
+
+
 def test_an_interrupted_answers_file_resumes_after_its_whole_lines(tmp_path: Path) -> None:
     """A run killed mid-write leaves a torn last line: it is dropped, so the next answers
     append after whole lines (appending after it made one unreadable line of two)."""

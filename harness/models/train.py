@@ -216,6 +216,17 @@ def _keep_committed(out: Path, names: tuple[str, ...]) -> None:
             shutil.copy2(sm.TRAINED_DIR / f, out / f)
 
 
+def earlier_stages(old: dict[str, Any]) -> list[dict[str, Any]]:
+    """The committed head's training stages, oldest first, for a ``--more`` stage's BUILD.json:
+    the last one with the ``data`` it trained on (BUILD.json's top-level ``data`` describes the
+    newest stage's sets alone, so without this each stage's provenance went with the next)."""
+    last = dict(old.get("eagle3", {}))
+    before = last.pop("earlier_stages", [])
+    if "data" in old:
+        last["data"] = old["data"]
+    return [*before, last]
+
+
 def train_all(
     seed: int = 0,
     progress: bool = True,
@@ -322,10 +333,7 @@ def train_all(
     ckpt = distill.WORK / f"eagle3-{seed}-{distill.PROMPTS}{sets_tag}-{steps}{tag}.ckpt"
     build = sm.TRAINED_DIR / "BUILD.json"  # the committed speculators' record
     old = json.loads(build.read_text()) if build.is_file() else {}
-    old_e = dict(old.get("eagle3", {}))
-    earlier: list[dict[str, Any]] = []
-    if init is not None:
-        earlier = old_e.pop("earlier_stages", []) + [old_e]
+    earlier = earlier_stages(old) if init is not None else []
     if keep_head:
         _keep_committed(out, ("eagle3.safetensors", "eagle3_config.json"))
         e_info = {**old.get("eagle3", {}), "kept": "the committed head (not retrained)"}
