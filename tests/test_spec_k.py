@@ -223,3 +223,18 @@ def test_a_tuned_schedule_runs_in_vllm_and_results_json_records_it(
     assert spec and {r["status"] for r in spec} == {"ok"}
     assert all(r["spec_config"][SCHEDULE] == [[1, 3, 2], [4, 4, 1]] for r in spec)
     assert {t["gamma"] for t in res["theory"]} <= {2}
+
+
+def test_a_head_by_spec_config_runs_beside_the_same_methods_shipped_one(
+    tuned_family: Path, tmp_path: Path
+) -> None:
+    """``--spec eagle3 --spec-config`` of another EAGLE-3 head (a head against the shipped
+    one): two lanes; under one label the two heads' runs pooled into one row."""
+    head = {"method": "eagle3", "model": str(tmp_path), "num_speculative_tokens": 2}
+    plan = plan_of("--model", "tiny", "--spec", "eagle3", "--spec-config", json.dumps(head))
+    labels = [label for label, _ in plan.engine_configs(engine_methods(plan))]
+    assert labels == ["baseline", "eagle3(spec-config)", "eagle3"]
+    got = configs(plan)
+    assert got["eagle3(spec-config)"] == head and got["eagle3"]["model"] != str(tmp_path)
+    alone = configs(plan_of("--model", "tiny", "--spec-config", json.dumps(head)))
+    assert alone == {"eagle3": head}  # no clash: its label stays the method's

@@ -153,7 +153,9 @@ class RunPlan:
         the engine lacks is kept when it has what it needs (an EAGLE head): its cells then say
         "unsupported" (HF has no EAGLE) instead of vanishing from the table. A method's K from
         a tune file (``spec_k``) runs as its per-load schedule on an engine that takes one
-        (``tunable``), else as its K at the smallest load."""
+        (``tunable``), else as its K at the smallest load. A ``--spec-config`` of a method
+        that ``--spec`` also runs (another EAGLE head beside the shipped one) is labelled
+        ``METHOD(spec-config)``: under one label the two lanes' runs pooled into one row."""
         out: list[tuple[str, dict[str, Any]]] = []
         if self.spec_config is not None:
             cfg = dict(self.spec_config)
@@ -172,6 +174,8 @@ class RunPlan:
                     cfg["num_speculative_tokens"] = max(r[2] for r in tuned["schedule"])
                     cfg[SCHEDULE] = [list(r) for r in tuned["schedule"]]
                 out.append((_label(cfg, multi_k), cfg))
+        if self.spec_config is not None and out[0][0] in {label for label, _ in out[1:]}:
+            out[0] = (f"{out[0][0]}(spec-config)", out[0][1])  # its lane apart from --spec's
         return out
 
     def tuned_k(self, method: str) -> Mapping[str, Any] | None:
