@@ -426,7 +426,7 @@ def test_build_json_says_when_each_speculator_was_made() -> None:
 def test_a_further_stage_keeps_each_earlier_stages_data() -> None:
     """``--more``: the committed head becomes the last of ``eagle3.earlier_stages`` with the
     ``data`` it trained on, since the new BUILD.json's ``data`` names only the new stage's sets
-    (the 2,474 sequences of 2026-12-07 replaced the 8,745 before them)."""
+    (each stage's provenance was lost to the next)."""
     from harness.models import train
 
     first = {"steps": 1, "data": {"sets": {"mixed-0-3000": {}}}}
