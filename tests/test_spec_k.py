@@ -238,3 +238,18 @@ def test_a_head_by_spec_config_runs_beside_the_same_methods_shipped_one(
     assert got["eagle3(spec-config)"] == head and got["eagle3"]["model"] != str(tmp_path)
     alone = configs(plan_of("--model", "tiny", "--spec-config", json.dumps(head)))
     assert alone == {"eagle3": head}  # no clash: its label stays the method's
+
+
+def test_a_repeated_sweep_value_is_one_lane_or_point() -> None:
+    """``--num-spec-tokens 2 2`` ran two lanes under one label, pooled into one row: a sweep's
+    values count once each, in the order given (loads and lengths too)."""
+    args = build_parser().parse_args(
+        ["--num-spec-tokens", "2", "4,2", "--concurrency", "4", "4", "--request-rate", "1,1",
+         "--max-new-tokens", "16", "32", "16"]
+    )  # fmt: skip
+    got = (args.num_spec_tokens, args.concurrency, args.request_rate, args.max_new_tokens)
+    assert got == ([2, 4], [4], [1.0], [16, 32])
+    plan = plan_of("--model", "tiny", "--spec", "ngram", "--num-spec-tokens", "2", "2")
+    assert [label for label, _ in plan.engine_configs(engine_methods(plan))] == [
+        "baseline", "ngram"
+    ]  # fmt: skip

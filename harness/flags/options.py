@@ -152,9 +152,18 @@ class ListStore(argparse.Action):
     = ``--concurrency 1,4,16``; a comma inside brackets or quotes, as in JSON, does not split),
     so one list syntax holds for every list flag, including those added later. ``split=False``
     opts out, for a value that may hold a comma (``--metadata
-    note=a,b``)."""
+    note=a,b``). ``distinct=True``, for a sweep (K, loads, lengths): each value once, in the
+    order given; a repeated one ran two lanes or points under one label, pooled into one row."""
 
-    def __init__(self, option_strings: Sequence[str], dest: str, split: bool = True, **kw: Any):
+    def __init__(
+        self,
+        option_strings: Sequence[str],
+        dest: str,
+        split: bool = True,
+        distinct: bool = False,
+        **kw: Any,
+    ):
+        self.distinct = distinct
         self.listy = split and kw.get("nargs") in ("+", "*")
         self.item_type = kw.pop("type", None) if self.listy else None
         self.item_choices = kw.pop("choices", None) if self.listy else None
@@ -172,7 +181,7 @@ class ListStore(argparse.Action):
                 raise argparse.ArgumentError(
                     self, f"invalid choice: {part!r} (choose from {allowed})"
                 )
-        return out
+        return list(dict.fromkeys(out)) if self.distinct else out
 
     def convert(self, text: str) -> Any:
         if self.item_type is None:

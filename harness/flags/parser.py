@@ -91,6 +91,7 @@ def _speculative(p: argparse.ArgumentParser) -> None:
         "--num-spec-tokens",
         type=positive_int,
         nargs="+",
+        distinct=True,
         default=None,
         metavar="K",
         help="draft tokens per step (list = sweep; default: each method's K from the shipped "
@@ -151,6 +152,7 @@ def _modes_and_load(p: argparse.ArgumentParser) -> None:
         "--max-concurrency",
         type=positive_int,
         nargs="+",
+        distinct=True,
         default=None,
         help=f"throughput mode: requests in flight (list = sweep; default {DEFAULT_CONCURRENCY}; "
         "with --request-rate: a cap)",
@@ -159,6 +161,7 @@ def _modes_and_load(p: argparse.ArgumentParser) -> None:
         "--request-rate",
         type=positive_float,
         nargs="+",
+        distinct=True,
         default=None,
         help="throughput mode: open-loop arrivals per second (list = sweep)",
     )
@@ -180,6 +183,7 @@ def _modes_and_load(p: argparse.ArgumentParser) -> None:
         "--max-new-tokens",
         type=positive_int,
         nargs="+",
+        distinct=True,
         default=None,
         help=f"output length (list = sweep; default: the workload's own lengths, else "
         f"{DEFAULT_MAX_NEW_TOKENS}; --dataset-name random: --random-output-len)",
